@@ -1,0 +1,81 @@
+# Every target installs what it needs into .venv first (once; a stamp file remembers).
+# Extra CLI arguments: make train ARGS="--trainer.max_epochs=5 --data.data_dir=data/mine"
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+CONFIG ?= configs/train.yaml
+DEMO   := data/demo
+ARGS   ?=
+
+.DEFAULT_GOAL := help
+INPUT  ?= $(DEMO)/test
+DATA_DIR ?= $(DEMO)
+
+.PHONY: help install data train train-ddp resume evaluate predict export check-data overfit \
+        lr-find find-batch-size profile test test-all lint tensorboard bench notebooks clean
+
+help: ## List the targets
+	@echo "Usage: make TARGET [ARGS=\"--key=value ...\"]"
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10+ is needed; set PYTHON=python3.x")'
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --editable ".[dev]"
+	@touch $@
+
+install: $(STAMP) ## Create .venv and install the project with its test tools
+
+data: $(STAMP) ## Make the demo data set in data/demo (if missing)
+	@test -d $(DEMO) || $(PY) -m project.demo $(DEMO)
+
+train: data ## Train with configs/train.yaml (make train ARGS="--trainer.max_epochs=5")
+	$(PY) -m project fit --config $(CONFIG) $(ARGS)
+
+train-ddp: data ## Train on all local GPUs with DDP (configs/presets/ddp.yaml)
+	$(PY) -m project fit --config $(CONFIG) --config configs/presets/ddp.yaml $(ARGS)
+
+resume: $(STAMP) ## Continue the newest run from its last.ckpt, in the same run folder
+	$(PY) -m project resume $(ARGS)
+
+evaluate: $(STAMP) ## Test the newest run's best checkpoint: per-class table and report files
+	$(PY) -m project evaluate $(ARGS)
+
+predict: $(STAMP) ## Classify images (INPUT=dir or file) with the best checkpoint -> preds.csv
+	$(PY) -m project predict --input $(INPUT) --output preds.csv $(ARGS)
+
+export: $(STAMP) ## Export the best checkpoint to ONNX, INT8, TorchScript, .pt2 (verified)
+	$(PY) -m project export $(ARGS)
+
+check-data: $(STAMP) ## Scan a data folder (DATA_DIR=...) for unreadable or odd images
+	$(PY) -m project check-data $(DATA_DIR) $(ARGS)
+
+overfit: data ## Single-batch overfit check: PASS if the model can learn at all
+	$(PY) -m project overfit --config $(CONFIG) $(ARGS)
+
+lr-find: data ## Learning-rate finder: plot and suggested LR
+	$(PY) -m project lr-find --config $(CONFIG) $(ARGS)
+
+find-batch-size: data ## Largest batch size that fits in memory
+	$(PY) -m project find-batch-size --config $(CONFIG) $(ARGS)
+
+profile: data ## Profile a short run: where does the time go?
+	$(PY) -m project fit --config $(CONFIG) --config configs/presets/profile.yaml $(ARGS)
+
+test: $(STAMP) ## Run the test suite (without the slow tests)
+	$(PY) -m pytest -m "not slow" $(ARGS)
+
+test-all: $(STAMP) ## Run every test, the slow ones too
+	$(PY) -m pytest $(ARGS)
+
+lint: $(STAMP) ## Check the code with ruff
+	$(VENV)/bin/ruff check .
+
+tensorboard: $(STAMP) ## Open TensorBoard on logs/ (http://localhost:6006)
+	$(VENV)/bin/tensorboard --logdir logs --port 6006
+
+clean: ## Remove logs, exports, caches and the demo data (keeps .venv)
+	rm -rf logs exports $(DEMO) .pytest_cache .ruff_cache
+	find . -name __pycache__ -type d -prune -not -path "./$(VENV)/*" -exec rm -rf {} +
