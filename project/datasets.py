@@ -1,0 +1,90 @@
+"""The map-style Dataset: decode (or read the cache), augment, and survive bad files.
+
+Augmentation runs here, inside the Dataset, so every epoch sees new random variants. The
+randomness of each sample comes from a seed the sampler hands over with its index, so the
+augmented images depend only on (seed, epoch, position): not on ``num_workers``, the number of
+DDP processes, or whether the run was interrupted and resumed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+import torch
+from torch.utils.data import Dataset, default_collate
+
+from project.errors import ConfigError, ProjectError
+from project.folders import Sample
+from project.images import ImageCache, decode
+
+log = logging.getLogger(__name__)
+BAD_IMAGE_POLICIES = ("skip", "error")
+
+
+class BadImageError(ProjectError, RuntimeError):
+    """An image that cannot be decoded, with ``on_bad_image: error``."""
+
+
+class ImageDataset(Dataset):
+    """``samples`` as (image, label) pairs, with an optional :class:`ImageCache` in front.
+
+    A key is an int (evaluation) or an ``(index, seed)`` pair from :class:`EpochSampler`
+    (training): the seed drives this sample's random augmentation.
+    """
+
+    def __init__(
+        self,
+        samples: Sequence[Sample],
+        transform: Callable[[torch.Tensor], torch.Tensor],
+        cache: ImageCache | None = None,
+        on_bad_image: str = "skip",
+    ) -> None:
+        if on_bad_image not in BAD_IMAGE_POLICIES:
+            raise ConfigError(f"data.on_bad_image must be one of {BAD_IMAGE_POLICIES}")
+        self.samples = list(samples)
+        self.targets = [s.label for s in self.samples]
+        self.transform = transform
+        self.cache = cache
+        self.on_bad_image = on_bad_image
+        # One flag per image, in shared memory, so that workers can report what they skipped.
+        self.bad_flags = torch.zeros(len(self.samples), dtype=torch.uint8).share_memory_()
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def load(self, index: int) -> torch.Tensor:
+        """The decoded uint8 image (3, H, W), from the cache when there is one."""
+        image = self.cache[index] if self.cache is not None else None
+        return image if image is not None else decode(self.samples[index].path)
+
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int] | None:
+        index, seed = key if isinstance(key, tuple) else (key, None)
+        try:
+            image = self.load(index)
+        except Exception as err:
+            path = self.samples[index].path
+            if self.on_bad_image == "error":
+                raise BadImageError(
+                    f"cannot decode image '{path}': {err}. Remove or replace the file, or set "
+                    "data.on_bad_image=skip (run `python -m project check-data` for a full scan)."
+                ) from err
+            self.bad_flags[index] = 1
+            return None
+        if seed is None:
+            return self.transform(image), self.samples[index].label
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return self.transform(image), self.samples[index].label
+
+    def skipped_paths(self) -> list[str]:
+        """Images skipped so far because they could not be decoded."""
+        return [self.samples[i].path for i in self.bad_flags.nonzero().flatten().tolist()]
+
+
+def collate_skipping_bad(batch: list[tuple[torch.Tensor, int] | None]):
+    """``default_collate`` without the samples that could not be decoded (``None``)."""
+    kept = [item for item in batch if item is not None]
+    if not kept:
+        return None
+    return default_collate(kept)

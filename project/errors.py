@@ -1,0 +1,13 @@
+"""Errors a user can fix; the CLI prints them as one line instead of a traceback."""
+
+
+class ProjectError(Exception):
+    """Base of the errors whose message names the file or setting and the fix."""
+
+
+class ConfigError(ProjectError, ValueError):
+    """A setting that cannot work."""
+
+
+class CheckpointError(ProjectError, ValueError):
+    """A checkpoint that is missing, unreadable, or does not fit the data."""
