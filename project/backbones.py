@@ -1,0 +1,138 @@
+"""Build a torchvision classifier, load pretrained weights, and give it a new head.
+
+Weights resolve in this order: a local file path, the torch hub cache, a download. When none
+works (offline), the run goes on from random weights but says so loudly, names the file and
+the folder to put it in, and records ``pretrained: false``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torchvision
+from torch import nn
+
+from project.errors import ProjectError
+
+log = logging.getLogger(__name__)
+IMAGENET_CLASSES = 1000
+WEIGHT_FILE_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
+SCRATCH = (None, "", "none", "null")
+
+
+class WeightsError(ProjectError, ValueError):
+    """A weights setting that cannot work; the message says what to change."""
+
+
+@dataclass
+class Backbone:
+    net: nn.Module
+    head_name: str  # qualified name of the new classification layer inside ``net``
+    pretrained: bool
+    weights_note: str  # where the weights came from, or why there are none
+
+
+def model_names() -> list[str]:
+    return torchvision.models.list_models(module=torchvision.models)
+
+
+def build(name: str, weights: str | None, num_classes: int) -> Backbone:
+    """The named torchvision model with ``weights`` loaded and a fresh ``num_classes`` head."""
+    if name not in model_names():
+        raise WeightsError(
+            f"model.backbone '{name}' is not a torchvision classification model; "
+            f"choose one of: {', '.join(model_names())}"
+        )
+    if num_classes < 2:
+        raise WeightsError(f"model.num_classes must be at least 2, got {num_classes}")
+    net, pretrained, note = _load(name, weights)
+    return Backbone(net, replace_head(net, num_classes), pretrained, note)
+
+
+def _load(name: str, weights: str | None) -> tuple[nn.Module, bool, str]:
+    if isinstance(weights, str) and weights.strip().lower() in SCRATCH or weights is None:
+        return torchvision.models.get_model(name, weights=None), False, "random init (weights: null)"
+    path = Path(weights).expanduser()
+    if path.suffix in WEIGHT_FILE_SUFFIXES or path.exists():
+        return _load_file(name, path), True, f"loaded from {path}"
+    enum = torchvision.models.get_model_weights(name)
+    try:
+        spec = enum[weights]
+    except KeyError:
+        choices = ", ".join(["DEFAULT", *enum.__members__])
+        raise WeightsError(
+            f"model.weights '{weights}' is neither a file nor a weights name of {name}; "
+            f"use a path to a .pth file, null, or one of: {choices}"
+        ) from None
+    cached = Path(torch.hub.get_dir()) / "checkpoints" / Path(spec.url).name
+    source = f"the torch hub cache ({cached})" if cached.is_file() else "a download"
+    try:
+        net = torchvision.models.get_model(name, weights=spec)
+    except Exception as err:  # offline, proxy, corrupt cache: never fatal, always loud
+        warn_no_weights(name, str(spec), cached, f"{type(err).__name__}: {err}")
+        note = f"NO pretrained weights: {cached} not found"
+        return torchvision.models.get_model(name, weights=None), False, note
+    return net, True, f"pretrained {spec} from {source}"
+
+
+def _load_file(name: str, path: Path) -> nn.Module:
+    if not path.is_file():
+        raise WeightsError(f"model.weights file '{path}' does not exist")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise WeightsError(f"model.weights file '{path}' is not a readable state dict: {err}") from err
+    state = state.get("state_dict", state) if isinstance(state, dict) else state
+    net = torchvision.models.get_model(name, weights=None)
+    result = net.load_state_dict(state, strict=False)
+    if result.missing_keys or result.unexpected_keys:
+        raise WeightsError(
+            f"model.weights file '{path}' does not fit {name}: {len(result.missing_keys)} missing "
+            f"keys (e.g. {result.missing_keys[:3]}), {len(result.unexpected_keys)} unexpected keys "
+            f"(e.g. {result.unexpected_keys[:3]}). It must be a full ImageNet state dict of {name}."
+        )
+    return net
+
+
+def warn_no_weights(name: str, spec: str, cached: Path, reason: str) -> None:
+    bar = "!" * 88
+    log.warning(
+        "\n%s\n!! PRETRAINED WEIGHTS NOT AVAILABLE for %s (%s): %s\n"
+        "!! Training starts from RANDOM weights (pretrained: false): expect lower accuracy.\n"
+        "!! To fix: put the file %s in the folder %s\n"
+        "!!   (copy it from a machine with network access, or set TORCH_HOME),\n"
+        "!!   or set model.weights=/path/to/%s. Set model.weights=null to train from scratch.\n%s",
+        bar, name, spec, reason, cached.name, cached.parent, cached.name, bar,
+    )
+
+
+def find_head(net: nn.Module) -> str:
+    """Name of the last layer that produces the 1000 ImageNet logits (Linear, or Conv2d)."""
+    found = ""
+    for module_name, module in net.named_modules():
+        if isinstance(module, nn.Linear) and module.out_features == IMAGENET_CLASSES or (
+            isinstance(module, nn.Conv2d) and module.out_channels == IMAGENET_CLASSES
+        ):
+            found = module_name
+    if not found:
+        raise WeightsError(f"cannot find the classification layer of {type(net).__name__}")
+    return found
+
+
+def replace_head(net: nn.Module, num_classes: int) -> str:
+    """Swap the ImageNet head for a new ``num_classes`` layer; only it is randomly initialised."""
+    name = find_head(net)
+    parent_name, _, child = name.rpartition(".")
+    parent = net.get_submodule(parent_name) if parent_name else net
+    old = getattr(parent, child)
+    if isinstance(old, nn.Linear):
+        new: nn.Module = nn.Linear(old.in_features, num_classes, bias=old.bias is not None)
+    else:
+        new = nn.Conv2d(old.in_channels, num_classes, old.kernel_size, old.stride, old.padding)
+    setattr(parent, child, new)
+    if hasattr(net, "num_classes"):
+        net.num_classes = num_classes
+    return name

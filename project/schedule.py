@@ -1,0 +1,60 @@
+"""Learning-rate arithmetic: warmup + cosine per step, and scaling with the global batch."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Literal
+
+from project.errors import ConfigError
+
+LrScaling = Literal["none", "linear", "sqrt"]
+
+
+def scaled_lr(lr: float, global_batch: int, base_batch: int, rule: LrScaling) -> float:
+    """``lr`` tuned for ``base_batch``, adapted to ``global_batch``.
+
+    linear: lr x global/base (Goyal et al., for SGD); sqrt: lr x sqrt(global/base) (common for
+    Adam-style optimisers); none: unchanged. More devices without scaling is the classic cause
+    of multi-GPU runs that do worse than the single-GPU one.
+    """
+    if global_batch < 1 or base_batch < 1:
+        raise ConfigError("batch sizes must be positive")
+    ratio = global_batch / base_batch
+    if rule == "linear":
+        return lr * ratio
+    if rule == "sqrt":
+        return lr * math.sqrt(ratio)
+    if rule == "none":
+        return lr
+    raise ConfigError(f"model.lr_scaling must be none, linear or sqrt, got {rule!r}")
+
+
+def global_batch_size(batch_size: int, devices: int, num_nodes: int, accumulate: int) -> int:
+    return batch_size * devices * num_nodes * accumulate
+
+
+def warmup_cosine(
+    warmup_steps: int, total_steps: int, start_factor: float, end_factor: float = 0.0
+) -> Callable[[int], float]:
+    """LR multiplier at optimizer step ``step``: linear from ``start_factor`` to 1 over
+    ``warmup_steps``, then half a cosine down to ``end_factor`` at ``total_steps``."""
+    warmup_steps = max(0, min(warmup_steps, total_steps))
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return start_factor + (1.0 - start_factor) * step / warmup_steps
+        decay_steps = max(1, total_steps - warmup_steps)
+        progress = min(1.0, (step - warmup_steps) / decay_steps)
+        return end_factor + (1.0 - end_factor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def frozen_until(steps: int, inner: Callable[[int], float]) -> Callable[[int], float]:
+    """Multiplier 0 for the first ``steps`` steps (a frozen backbone), then ``inner``."""
+
+    def factor(step: int) -> float:
+        return 0.0 if step < steps else inner(step)
+
+    return factor
