@@ -1,0 +1,98 @@
+"""Checkpoints that survive crashes, and resumes that continue exactly."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Write each checkpoint to a temporary file, fsync it, then rename it into place.
+
+    A kill at any moment leaves either the previous complete file or the new complete file,
+    never a truncated ``last.ckpt``.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
+        target = Path(path)
+        if "://" in str(path):  # remote storage: leave it to Lightning's fsspec writer
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+class RngState(Callback):
+    """Save and restore the Python, NumPy and torch RNG states with each checkpoint.
+
+    Lightning restores model, optimiser, scheduler and loop counters; with these states too a
+    run resumed at an epoch boundary continues exactly as if it had never stopped. Stored as
+    plain lists and tensors so ``torch.load(weights_only=True)`` can read the checkpoint.
+    """
+
+    key = "rng_states"
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        version, state, gauss = random.getstate()
+        name, keys, pos, has_gauss, cached = np.random.get_state()
+        checkpoint[self.key] = {
+            "python": [version, list(state), gauss],
+            "numpy": [name, keys.tolist(), pos, has_gauss, cached],
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        }
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        states = checkpoint.get(self.key)
+        if not states:
+            return
+        version, state, gauss = states["python"]
+        random.setstate((version, tuple(state), gauss))
+        name, keys, pos, has_gauss, cached = states["numpy"]
+        np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+        torch.set_rng_state(states["torch"])
+        if states["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(states["cuda"])
+
+
+class InterruptCheckpoint(Callback):
+    """On SIGTERM (preemption, SLURM, ``kill``) or Ctrl+C: save ``last.ckpt`` and stop cleanly.
+
+    Lightning turns SIGTERM into a clean stop after the current batch; this writes the
+    checkpoint that ``make resume`` continues from. Other exceptions (a NaN guard, a bug) save
+    nothing, so the last good checkpoint is never replaced by a broken state.
+    """
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                     exception: BaseException) -> None:
+        if not isinstance(exception, KeyboardInterrupt | SIGTERMException):
+            return
+        cb = trainer.checkpoint_callback
+        if cb is None or cb.dirpath is None or trainer.state.fn != TrainerFn.FITTING:
+            return
+        path = Path(cb.dirpath) / f"{cb.CHECKPOINT_NAME_LAST}{cb.FILE_EXTENSION}"
+        trainer.save_checkpoint(path)
+        cb.last_model_path = str(path)
+        signal_name = "Ctrl+C" if isinstance(exception, KeyboardInterrupt) else "SIGTERM"
+        rank_zero_info(f"\n{signal_name}: stopped at epoch {trainer.current_epoch}, step "
+                       f"{trainer.global_step}; saved {path}. Continue with `make resume`.")

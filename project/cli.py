@@ -1,0 +1,171 @@
+"""Command line: LightningCLI for fit/validate/test, plus the project's own commands.
+
+    python -m project fit --config configs/train.yaml [--trainer.max_epochs=5 ...]
+    python -m project resume [RUN_DIR] [overrides]
+    python -m project test --config configs/train.yaml --ckpt_path best|last|PATH
+    python -m project evaluate [CKPT_OR_RUN_DIR]
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+
+from project.callbacks import default_callbacks, guard_callbacks
+from project.callbacks.resilience import AtomicCheckpointIO
+from project.checkpoints import check_checkpoint_classes
+from project.data import FolderDataModule
+from project.errors import CheckpointError, ProjectError
+from project.model import ImageClassifier
+from project.runs import last_checkpoint, newest_run, resolve_checkpoint
+
+log = logging.getLogger("project")
+
+
+class FitConfigSaver(SaveConfigCallback):
+    """Save ``config.yaml`` into the run folder for ``fit`` only (a resume rewrites it)."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if stage == "fit":
+            super().setup(trainer, pl_module, stage)
+
+
+class ProjectCLI(LightningCLI):
+    def __init__(self, args: list[str] | None = None, run: bool = True, tool: bool = False) -> None:
+        """``tool``: a diagnosis run (overfit, LR finder): guards only, no saved config."""
+        super().__init__(
+            ImageClassifier,
+            FolderDataModule,
+            seed_everything_default=42,
+            save_config_callback=None if tool else FitConfigSaver,
+            save_config_kwargs={"overwrite": True},
+            trainer_defaults={"callbacks": guard_callbacks() if tool else default_callbacks()},
+            auto_configure_optimizers=False,
+            args=args,
+            run=run,
+        )
+
+    def add_arguments_to_parser(self, parser) -> None:
+        # The data decides the classes and the input size; the model stores them for export.
+        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+        parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
+        parser.link_arguments("data.image_size", "model.image_size")
+        parser.link_arguments("data.crop_ratio", "model.crop_ratio")
+
+    def _instantiate_trainer(self, config: dict, callbacks: list):
+        plugins = config.get("plugins") or []
+        plugins = plugins if isinstance(plugins, list) else [plugins]
+        if not any(hasattr(p, "save_checkpoint") for p in plugins):
+            plugins.append(AtomicCheckpointIO())  # crash-safe checkpoint files
+        config["plugins"] = plugins
+        return super()._instantiate_trainer(config, callbacks)
+
+    def _check_checkpoint(self, subcommand: str) -> None:
+        ckpt = self.config_init[subcommand].get("ckpt_path")
+        if ckpt:
+            check_checkpoint_classes(Path(ckpt), self.datamodule.class_names)
+
+    def before_fit(self) -> None:
+        self._check_checkpoint("fit")
+
+    def before_validate(self) -> None:
+        self._check_checkpoint("validate")
+
+    def before_test(self) -> None:
+        self._check_checkpoint("test")
+
+
+def _run_args(run: Path) -> list[str]:
+    """Arguments that make a new invocation write into the existing run folder ``run``."""
+    config = run / "config.yaml"
+    if not config.is_file():
+        raise CheckpointError(f"'{config}' is missing, so the run's settings are unknown")
+    return ["--config", str(config), f"--trainer.logger.init_args.version={run.name}"]
+
+
+def resume(argv: list[str]) -> int:
+    """``resume [RUN_DIR] [overrides]``: continue a run from its ``last.ckpt``, same folder."""
+    explicit = argv[0] if argv and not argv[0].startswith("-") else None
+    run = Path(explicit) if explicit else newest_run()
+    ckpt = last_checkpoint(run)
+    overrides = argv[1:] if explicit else argv
+    log.info("Resuming %s from %s", run, ckpt)
+    ProjectCLI(args=["fit", *_run_args(run), f"--ckpt_path={ckpt}", *overrides])
+    return 0
+
+
+def evaluate(argv: list[str]) -> int:
+    """``evaluate [CKPT_OR_RUN_DIR|best|last] [overrides]``: test with the run's own config."""
+    spec = argv[0] if argv and not argv[0].startswith("-") else None
+    ckpt = resolve_checkpoint(spec)
+    run = ckpt.parent.parent
+    overrides = argv[1:] if spec else argv
+    ProjectCLI(args=["test", *_run_args(run), f"--ckpt_path={ckpt}", *overrides])
+    return 0
+
+
+def _resolve_ckpt_alias(argv: list[str]) -> list[str]:
+    """``--ckpt_path best|last`` for validate/test means the newest run's file."""
+    if not argv or argv[0] not in ("validate", "test"):
+        return argv
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == "--ckpt_path" and i + 1 < len(out) and out[i + 1] in ("best", "last"):
+            out[i + 1] = str(resolve_checkpoint(out[i + 1]))
+        elif arg in ("--ckpt_path=best", "--ckpt_path=last"):
+            out[i] = f"--ckpt_path={resolve_checkpoint(arg.split('=', 1)[1])}"
+    return out
+
+
+def _lazy(module: str, name: str = "main") -> Callable[[list[str]], int]:
+    def run(argv: list[str]) -> int:
+        import importlib
+
+        return getattr(importlib.import_module(module), name)(argv)
+
+    return run
+
+
+COMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "resume": resume,
+    "evaluate": evaluate,
+    "predict": _lazy("project.predict"),
+    "export": _lazy("project.export"),
+    "check-data": _lazy("project.check_data"),
+    "overfit": _lazy("project.tools", "overfit"),
+    "lr-find": _lazy("project.tools", "lr_find"),
+    "find-batch-size": _lazy("project.tools", "find_batch_size"),
+}
+
+
+def setup_logging() -> None:
+    # main() passes its arguments on explicitly (after resolving aliases): not a mistake.
+    warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+    logger = logging.getLogger("project")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    setup_logging()
+    try:
+        if argv and argv[0] in COMMANDS:
+            return COMMANDS[argv[0]](argv[1:]) or 0
+        ProjectCLI(args=_resolve_ckpt_alias(argv))
+        return 0
+    except ProjectError as err:
+        message = str(err).strip()
+        if "Original Traceback" in message:  # raised in a DataLoader worker: keep the cause
+            message = message.splitlines()[-1].split(": ", 1)[-1]
+        print(f"error: {message}", file=sys.stderr)
+        return 2
