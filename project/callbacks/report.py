@@ -1,0 +1,96 @@
+"""The test report: a per-class table on the console and report.{json,md} + confusion matrix PNG.
+
+Written next to the checkpoint that was evaluated, so each model file keeps its own report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_only
+
+from project.metrics import confused_pairs, per_class_table
+from project.plots import confusion_figure, save
+
+
+def format_table(table: dict) -> str:
+    """Plain-text table in the layout of scikit-learn's classification_report."""
+    width = max(12, *(len(n) for n in table["classes"]))
+
+    def row(name: str, r: dict) -> str:
+        return (f"{name:>{width}}  {r['precision']:9.4f}  {r['recall']:9.4f}  {r['f1']:9.4f}  "
+                f"{r['support']:8d}")
+
+    total = table["averages"]["macro avg"]["support"]
+    lines = [f"{'':>{width}}  {'precision':>9}  {'recall':>9}  {'f1':>9}  {'support':>8}", ""]
+    lines += [row(name, r) for name, r in table["classes"].items()]
+    lines += ["", f"{'accuracy':>{width}}  {'':9}  {'':9}  {table['accuracy']:9.4f}  {total:8d}"]
+    lines += [row(name, r) for name, r in table["averages"].items()]
+    return "\n".join(lines)
+
+
+def format_markdown(table: dict, pairs: list[dict], checkpoint: str) -> str:
+    lines = [f"# Test report\n\nCheckpoint: `{checkpoint}`\n",
+             f"Accuracy: **{table['accuracy']:.4f}**\n",
+             "| class | precision | recall | f1 | support |", "|---|---|---|---|---|"]
+    for name, r in list(table["classes"].items()) + list(table["averages"].items()):
+        lines.append(f"| {name} | {r['precision']:.4f} | {r['recall']:.4f} | {r['f1']:.4f} | "
+                     f"{r['support']} |")
+    lines += ["", "## Most confused pairs", "", "| true | predicted as | count | share |",
+              "|---|---|---|---|"]
+    lines += [f"| {p['true']} | {p['predicted']} | {p['count']} | {p['share_of_true']:.1%} |"
+              for p in pairs]
+    lines += ["", "![confusion matrix](confusion_matrix.png)", ""]
+    return "\n".join(lines)
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_report(result: dict, class_names: list[str], checkpoint: str, out_dir: Path) -> dict:
+    """Print the table and write the three files; returns the report as a dict."""
+    table = per_class_table(result, class_names)
+    pairs = confused_pairs(result["confusion"], class_names)
+    report = {
+        "checkpoint": checkpoint,
+        **table,
+        "loss": float(result["loss"]),
+        "acc_macro": float(result["acc_macro"]),
+        "f1_macro": float(result["f1_macro"]),
+        "confusion_matrix": result["confusion"].tolist(),
+        "class_names": class_names,
+        "confused_pairs": pairs,
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write_text(out_dir / "report.json", json.dumps(report, indent=2))
+    _write_text(out_dir / "report.md", format_markdown(table, pairs, checkpoint))
+    png = out_dir / "confusion_matrix.png"
+    save(confusion_figure(result["confusion"], class_names, "test confusion matrix"),
+         png.with_name(".confusion_matrix.tmp.png"))
+    os.replace(png.with_name(".confusion_matrix.tmp.png"), png)
+    print("\n" + format_table(table))
+    if pairs:
+        print("\nMost confused (true -> predicted): " + ", ".join(
+            f"{p['true']} -> {p['predicted']} ({p['count']})" for p in pairs))
+    print(f"\nReport: {out_dir / 'report.md'} (and report.json, confusion_matrix.png)")
+    return report
+
+
+class TestReport(Callback):
+    """After ``test``: print the per-class table and write the report files."""
+
+    @rank_zero_only
+    def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        result = getattr(pl_module, "results", {}).get("test")
+        if result is None:
+            return
+        ckpt = trainer.ckpt_path
+        out_dir = Path(ckpt).parent if ckpt else Path(trainer.log_dir or ".")
+        write_report(result, pl_module.class_names, str(ckpt or "(in-memory model)"), out_dir)
