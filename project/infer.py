@@ -1,0 +1,132 @@
+"""Classify images with an exported model.onnx: NumPy, Pillow and ONNX Runtime only, no torch.
+
+    python -m project.infer exports/demo/version_0/model.onnx DIR_OR_FILE --output preds.csv
+
+For deployment, copy this file, ``project/pixels.py`` and the .onnx file; the preprocessing
+(input size, crop ratio, mean and std) and the class names are read from the model's metadata.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from PIL import Image
+
+from project.pixels import read_rgb
+
+IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
+
+
+class OnnxClassifier:
+    def __init__(self, model_path: str | Path, threads: int | None = None) -> None:
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+        self.session = ort.InferenceSession(str(model_path), options,
+                                            providers=["CPUExecutionProvider"])
+        meta = self.session.get_modelmeta().custom_metadata_map
+        missing = {"class_names", "image_size", "crop_ratio", "mean", "std"} - set(meta)
+        if missing:
+            raise ValueError(f"{model_path} lacks metadata {sorted(missing)}: export it with "
+                             "`python -m project export`")
+        self.class_names: list[str] = json.loads(meta["class_names"])
+        self.image_size = int(meta["image_size"])
+        self.crop_ratio = float(meta["crop_ratio"])
+        self.mean = np.asarray(json.loads(meta["mean"]), np.float32).reshape(3, 1, 1)
+        self.std = np.asarray(json.loads(meta["std"]), np.float32).reshape(3, 1, 1)
+        self.input_name = self.session.get_inputs()[0].name
+
+    def preprocess(self, rgb: np.ndarray) -> np.ndarray:
+        """Resize the short side, center crop, normalise: the training's evaluation transform."""
+        h, w = rgb.shape[:2]
+        short = round(self.image_size / self.crop_ratio)
+        # the short side becomes ``short``; the long side is truncated, as torchvision does
+        size = (short, int(short * h / w)) if w <= h else (int(short * w / h), short)
+        img = Image.fromarray(rgb).resize(size, Image.Resampling.BILINEAR)
+        top = int(round((img.height - self.image_size) / 2.0))
+        left = int(round((img.width - self.image_size) / 2.0))
+        img = img.crop((left, top, left + self.image_size, top + self.image_size))
+        x = np.asarray(img, np.float32).transpose(2, 0, 1) / 255.0
+        return (x - self.mean) / self.std
+
+    def probabilities(self, images: list[np.ndarray]) -> np.ndarray:
+        batch = np.stack([self.preprocess(im) for im in images]).astype(np.float32)
+        logits = self.session.run(None, {self.input_name: batch})[0]
+        e = np.exp(logits - logits.max(1, keepdims=True))
+        return e / e.sum(1, keepdims=True)
+
+
+def image_paths(spec: str | Path) -> list[str]:
+    path = Path(spec)
+    if path.is_file():
+        return [str(path)]
+    if not path.is_dir():
+        raise FileNotFoundError(f"'{path}' does not exist")
+    return sorted(str(p) for p in path.rglob("*")
+                  if p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith("."))
+
+
+def classify(model: OnnxClassifier, paths: list[str], top_k: int = 3,
+             batch_size: int = 32) -> list[dict]:
+    k = min(top_k, len(model.class_names))
+    rows: list[dict] = []
+    for start in range(0, len(paths), batch_size):
+        good, images = [], []
+        for path in paths[start:start + batch_size]:
+            try:
+                images.append(read_rgb(path))
+                good.append(path)
+            except Exception as err:
+                rows.append({"path": path, "error": f"{type(err).__name__}: {err}"})
+        if not images:
+            continue
+        for path, p in zip(good, model.probabilities(images), strict=True):
+            order = np.argsort(-p)[:k]
+            row = {"path": path, "predicted": model.class_names[order[0]],
+                   "confidence": f"{p[order[0]]:.6f}", "error": ""}
+            for rank, c in enumerate(order, 1):
+                row[f"top{rank}"] = model.class_names[c]
+                row[f"top{rank}_prob"] = f"{p[c]:.6f}"
+            rows.append(row)
+    order_of = {p: i for i, p in enumerate(paths)}
+    return sorted(rows, key=lambda r: order_of[r["path"]])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m project.infer", description=__doc__.split("\n")[0])
+    p.add_argument("model", help="an exported .onnx file")
+    p.add_argument("input", help="an image file or a folder of images")
+    p.add_argument("--output", default="preds.csv")
+    p.add_argument("--top_k", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None)
+    a = p.parse_args(argv)
+    try:
+        model = OnnxClassifier(a.model, a.threads)
+        paths = image_paths(a.input)
+    except (ValueError, FileNotFoundError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    rows = classify(model, paths, a.top_k)
+    k = min(a.top_k, len(model.class_names))
+    fields = ["path", "predicted", "confidence"]
+    fields += [f"top{r}{s}" for r in range(1, k + 1) for s in ("", "_prob")] + ["error"]
+    tmp = Path(a.output).with_name(f".{Path(a.output).name}.tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=fields, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, a.output)
+    failed = sum(1 for r in rows if r["error"])
+    print(f"{len(rows) - failed} images classified with {a.model} -> {a.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
