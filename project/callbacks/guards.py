@@ -1,0 +1,170 @@
+"""Checks that stop a broken run early and say why: unregistered parameters, bad inputs, NaN/Inf.
+
+These turn the troubleshooting table into messages: each names what is wrong (layer, step,
+statistics) and the setting that fixes it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch import nn
+
+from project.errors import ProjectError
+
+log = logging.getLogger("project")
+
+
+class TrainingHealthError(ProjectError, RuntimeError):
+    """A run stopped by a guard; the message holds the diagnosis and the fixes."""
+
+
+def plain_container_modules(model: nn.Module) -> list[str]:
+    """Modules or parameters kept in plain list/tuple/dict attributes: invisible to
+    ``model.parameters()``, so they never reach the optimiser (use nn.ModuleList/ModuleDict)."""
+    found = []
+    for prefix, module in model.named_modules():
+        for attr, value in vars(module).items():
+            if attr.startswith("_") or not isinstance(value, list | tuple | dict):
+                continue
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                if isinstance(item, nn.Module | nn.Parameter):
+                    where = f"{prefix}.{attr}" if prefix else attr
+                    found.append(f"{where}[{key!r}] ({type(item).__name__})")
+    return found
+
+
+def params_missing_from_optimizers(model: nn.Module, optimizers) -> list[str]:
+    in_groups = {id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]}
+    return [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in in_groups]
+
+
+class ParameterCheck(Callback):
+    """At the start of training: every trainable parameter must reach an optimiser."""
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        hidden = plain_container_modules(pl_module)
+        missing = params_missing_from_optimizers(pl_module, trainer.optimizers)
+        if not hidden and not missing:
+            return
+        lines = ["parameters that would never train:"]
+        if hidden:
+            lines.append("  layers held in a plain Python list/tuple/dict, so model.parameters() "
+                         "does not see them: " + ", ".join(hidden))
+            lines.append("  fix: hold them in nn.ModuleList / nn.ModuleDict (or nn.Sequential)")
+        if missing:
+            lines.append("  trainable parameters in no optimiser param group: " + ", ".join(missing))
+            lines.append("  fix: include them in configure_optimizers (or set requires_grad=False)")
+        raise TrainingHealthError("\n".join(lines))
+
+
+def batch_stats(x: torch.Tensor) -> dict[str, list[float]]:
+    """Per-channel mean, std, min, max (of the finite values) and non-finite count, NCHW."""
+    x = x.detach().float().transpose(0, 1).reshape(x.shape[1], -1)
+    finite = torch.isfinite(x)
+    values = torch.where(finite, x, torch.nan)
+    mean = values.nanmean(1)
+    return {
+        "mean": mean.tolist(),
+        "std": (values - mean[:, None]).pow(2).nanmean(1).sqrt().tolist(),
+        "min": torch.where(finite, x, torch.inf).amin(1).tolist(),
+        "max": torch.where(finite, x, -torch.inf).amax(1).tolist(),
+        "nonfinite": (~finite).sum(1).tolist(),
+    }
+
+
+def format_stats(stats: dict[str, list[float]]) -> str:
+    return "; ".join(
+        f"channel {c}: mean {stats['mean'][c]:.3g}, std {stats['std'][c]:.3g}, "
+        f"min {stats['min'][c]:.3g}, max {stats['max'][c]:.3g}, non-finite {stats['nonfinite'][c]}"
+        for c in range(len(stats["mean"]))
+    )
+
+
+class InputCheck(Callback):
+    """Logs the first training batch's statistics; warns on un-normalised or NaN inputs."""
+
+    def __init__(self, max_abs: float = 10.0) -> None:
+        self.max_abs = max_abs
+        self.done = False
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        if self.done or batch is None:
+            return
+        self.done = True
+        stats = batch_stats(batch[0])
+        for key in ("mean", "std", "min", "max"):
+            for c, v in enumerate(stats[key]):
+                pl_module.log(f"input/{key}/c{c}", float(v), on_step=True, on_epoch=False)
+        log.info("First training batch %s: %s", tuple(batch[0].shape), format_stats(stats))
+        if sum(stats["nonfinite"]) > 0:
+            log.warning("WARNING: the training inputs contain %d NaN/Inf values: check the data "
+                        "(python -m project check-data) and the transforms", sum(stats["nonfinite"]))
+        finite_max = max(abs(v) for v in stats["min"] + stats["max"] if abs(v) != float("inf"))
+        if finite_max > self.max_abs:
+            log.warning("WARNING: training inputs look un-normalised (values up to %.1f; expected "
+                        "roughly -3..3): is the 0..255 -> 0..1 scaling or Normalize missing?",
+                        finite_max)
+
+
+class NonFiniteGuard(Callback):
+    """Stops at the first non-finite loss or gradient, with a diagnosis, before the weights change.
+
+    Raised in ``on_before_optimizer_step``, so the bad step is never applied and no later
+    checkpoint is written: the last good checkpoint stays as it was. With fp16 loss scaling,
+    an occasional overflow is normal (the scaler skips that step), so only ``patience``
+    overflows in a row stop the run.
+    """
+
+    def __init__(self, patience_with_scaler: int = 10, top: int = 5) -> None:
+        self.patience = patience_with_scaler
+        self.top = top
+        self.overflows = 0
+        self.batch: torch.Tensor | None = None
+        self.previous: dict[str, float] = {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        self.batch = batch[0] if batch is not None else None
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        named = [(n, p.grad) for n, p in pl_module.named_parameters() if p.grad is not None]
+        if not named:
+            return
+        norms = torch.stack([g.detach().float().norm() for _, g in named])
+        if bool(torch.isfinite(norms).all()):
+            self.overflows = 0
+            top = norms.topk(min(self.top, len(named)))
+            self.previous = {named[i][0]: float(v) for v, i in zip(*top, strict=True)}
+            return
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        self.overflows += 1
+        if scaler is not None and self.overflows < self.patience:
+            return
+        bad = [named[i][0] for i in (~torch.isfinite(norms)).nonzero().flatten().tolist()]
+        raise TrainingHealthError(self.diagnosis(trainer, pl_module, bad, len(named)))
+
+    def diagnosis(self, trainer, pl_module, bad: list[str], total: int) -> str:
+        loss = trainer.callback_metrics.get("train/loss")
+        lrs = [g["lr"] for opt in trainer.optimizers for g in opt.param_groups]
+        lines = [
+            f"non-finite gradients at step {trainer.global_step} (epoch {trainer.current_epoch}): "
+            f"{len(bad)} of {total} parameter tensors.",
+            f"  first non-finite (forward order): {', '.join(bad[:self.top])}",
+        ]
+        if self.previous:
+            lines.append("  largest gradient norms at the last healthy step: " + ", ".join(
+                f"{n} {v:.3g}" for n, v in self.previous.items()))
+        if self.batch is not None:
+            lines.append(f"  input batch: {format_stats(batch_stats(self.batch))}")
+        if loss is not None:
+            lines.append(f"  last logged train/loss: {float(loss):.4g}")
+        lines.append(f"  learning rates now: {', '.join(f'{lr:.3g}' for lr in lrs)}")
+        lines.append("  fixes: lower model.lr (try 10x smaller, or make lr-find); clip gradients "
+                     "(trainer.gradient_clip_val=1.0); check the data for NaN/Inf (make "
+                     "check-data); try trainer.precision=32-true. The last good checkpoint is "
+                     "untouched: resume from it after the fix.")
+        return "\n".join(lines)
