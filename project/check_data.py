@@ -111,12 +111,14 @@ def scan(data_dir: str | Path, max_pixels: float = 40e6) -> list[Finding]:
             if split == "train" and files and decodable == 0:
                 findings.append(Finding("error", str(folder / cls),
                                         "no decodable image in this class folder"))
+    order = {"train": 0, "val": 1, "test": 2}
     for copies in by_hash.values():
-        if len({split for split, _ in copies}) > 1:
-            first = copies[0][1]
-            for split, path in copies[1:]:
-                findings.append(Finding("warning", path, f"identical to '{first}' ({split} vs "
-                                        f"{copies[0][0]}): evaluation would score a training image"))
+        for split, path in copies:  # a val/test file that repeats a file of an earlier split
+            earlier = [(s, p) for s, p in copies if order[s] < order[split]]
+            if earlier:
+                findings.append(Finding(
+                    "warning", path, f"identical to '{earlier[0][1]}' ({split} repeats "
+                    f"{earlier[0][0]}): its score measures memory, not generalisation"))
     return findings
 
 

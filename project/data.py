@@ -65,6 +65,7 @@ class FolderDataModule(L.LightningDataModule):
         on_bad_image: Literal["skip", "error"] = "skip",
     ) -> None:
         super().__init__()
+        data_dir = str(data_dir)  # a Path would make checkpoints unreadable with weights_only
         self.save_hyperparameters(logger=False)  # logged with the run summary
         self.data_dir = data_dir
         self.image_size = image_size
@@ -157,6 +158,9 @@ class FolderDataModule(L.LightningDataModule):
             weights = class_balanced_weights(dataset.targets, self.num_classes)
         sampler = EpochSampler(len(dataset), weights, shuffle=not overfitting, seed=_global_seed(),
                                num_replicas=world, rank=rank)
+        if self.trainer is not None:  # a resumed run starts at its restored epoch: workers
+            # prefetch as soon as the loader is iterated, before Lightning calls set_epoch
+            sampler.set_epoch(self.trainer.fit_loop.epoch_progress.current.processed)
         return self._loader(dataset, sampler)
 
     def _eval_loader(self, split: str) -> DataLoader:

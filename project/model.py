@@ -20,7 +20,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from project import backbones
 from project.errors import ConfigError
 from project.metrics import flatten, stage_metrics
-from project.schedule import LrScaling, frozen_until, global_batch_size, scaled_lr, warmup_cosine
+from project.schedule import LrScaling, global_batch_size, scaled_lr, step_schedule
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ class ImageClassifier(L.LightningModule):
             logged["val/acc_best"] = self.val_acc_best.compute()
             logged["hp/val_acc_best"] = logged["val/acc_best"]
             logged["hp/val_f1_macro"] = values["f1_macro"]
-        self.log_dict(logged, sync_dist=False)  # already synced by torchmetrics
+        self.log_dict(logged, sync_dist=True)  # equal on every rank already; this keeps them so
 
     def on_validation_epoch_end(self) -> None:
         self._eval_epoch_end("val")
@@ -203,14 +203,22 @@ class ImageClassifier(L.LightningModule):
                                   weight_decay=hp.weight_decay)
         else:
             opt = torch.optim.AdamW(groups, lr=self.effective_lr, weight_decay=hp.weight_decay)
-        total = max(1, int(t.estimated_stepping_batches))
-        per_epoch = math.ceil(t.num_training_batches / t.accumulate_grad_batches)
-        main = warmup_cosine(
-            warmup_steps=round(hp.warmup_epochs * per_epoch),
-            total_steps=total,
-            start_factor=min(1.0, hp.warmup_start_lr / self.effective_lr) if self.effective_lr else 1,
-            end_factor=hp.min_lr / self.effective_lr if self.effective_lr else 0,
-        )
-        body = frozen_until(round(hp.freeze_backbone_epochs * per_epoch), main)
-        scheduler = LambdaLR(opt, [body, main])
+        if t.max_epochs in (None, -1) and t.max_steps == -1:
+            raise ConfigError("the cosine schedule needs a length: set trainer.max_epochs or "
+                              "trainer.max_steps")
+        lr = self.effective_lr
+        start = min(1.0, hp.warmup_start_lr / lr) if lr > 0 else 1.0
+        end = hp.min_lr / lr if lr > 0 else 0.0
+        body = step_schedule(self._schedule_lengths, hp.warmup_epochs, start, end,
+                             frozen_epochs=hp.freeze_backbone_epochs)
+        head = step_schedule(self._schedule_lengths, hp.warmup_epochs, start, end)
+        scheduler = LambdaLR(opt, [body, head])
         return {"optimizer": opt, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def _schedule_lengths(self) -> tuple[int, int]:
+        """(optimizer steps per epoch, total optimizer steps), as Lightning estimates them."""
+        t = self.trainer
+        total = t.estimated_stepping_batches
+        batches = t.num_training_batches  # unknown (inf) when only max_steps bounds the run
+        per_epoch = math.ceil(batches / t.accumulate_grad_batches) if math.isfinite(batches) else total
+        return int(per_epoch), max(1, int(total))

@@ -58,3 +58,31 @@ def frozen_until(steps: int, inner: Callable[[int], float]) -> Callable[[int], f
         return 0.0 if step < steps else inner(step)
 
     return factor
+
+
+def step_schedule(
+    lengths: Callable[[], tuple[int, int]],
+    warmup_epochs: float,
+    start_factor: float,
+    end_factor: float = 0.0,
+    frozen_epochs: float = 0.0,
+) -> Callable[[int], float]:
+    """The LR multiplier of each optimizer step for ``LambdaLR``: frozen, warmup, then cosine.
+
+    ``lengths()`` returns (steps per epoch, total steps). It is asked at the first real step,
+    not when the scheduler is built: asking earlier makes Lightning load the train loader before
+    a resumed run has restored its epoch, and its first epoch would replay epoch 0's order.
+    ``LambdaLR`` evaluates step 0 at construction, and step 0 needs no lengths.
+    """
+    resolved: list[Callable[[int], float]] = []
+
+    def factor(step: int) -> float:
+        if not resolved:
+            if step == 0:
+                return 0.0 if frozen_epochs > 0 else (start_factor if warmup_epochs > 0 else 1.0)
+            per_epoch, total = lengths()
+            inner = warmup_cosine(round(warmup_epochs * per_epoch), total, start_factor, end_factor)
+            resolved.append(frozen_until(round(frozen_epochs * per_epoch), inner))
+        return resolved[0](step)
+
+    return factor

@@ -23,12 +23,26 @@ QUIET = ["--trainer.logger=false", "--trainer.enable_checkpointing=false",
          "--trainer.enable_model_summary=false"]
 
 
-def build(overrides: list[str]):
-    """Model, data module and trainer from the config and overrides, without running anything."""
+def split_configs(args: list[str]) -> tuple[list[str], list[str]]:
+    """(the ``--config`` arguments, the rest): config files must come before any override."""
+    configs, rest, i = [], [], 0
+    while i < len(args):
+        if args[i] == "--config" and i + 1 < len(args):
+            configs += args[i:i + 2]
+            i += 2
+            continue
+        (configs if args[i].startswith("--config=") else rest).append(args[i])
+        i += 1
+    return configs or ["--config", DEFAULT_CONFIG], rest
+
+
+def build(tool_args: list[str], overrides: list[str]):
+    """Model, data module and trainer from the config, the tool's settings and the user's
+    overrides (in that order), without running anything."""
     from project.cli import ProjectCLI
 
-    config = [] if any(a.startswith("--config") for a in overrides) else ["--config", DEFAULT_CONFIG]
-    return ProjectCLI(args=[*config, *QUIET, *overrides], run=False, tool=True)
+    configs, rest = split_configs(overrides)
+    return ProjectCLI(args=[*configs, *QUIET, *tool_args, *rest], run=False, tool=True)
 
 
 class _LossRecorder(Callback):
@@ -72,8 +86,8 @@ def overfit(argv: list[str]) -> int:
     a, overrides = p.parse_known_args(argv)
     cli = build(["--data.augment_strength=0", "--trainer.overfit_batches=1",
                  "--trainer.limit_val_batches=0", "--trainer.num_sanity_val_steps=0",
-                 f"--trainer.max_steps={a.steps}", "--trainer.max_epochs=-1",
-                 "--model.warmup_epochs=0", *overrides])
+                 f"--trainer.max_steps={a.steps}", f"--trainer.max_epochs={a.steps}",
+                 "--model.warmup_epochs=0"], overrides)
     return run_overfit(cli.trainer, cli.model, cli.datamodule, a.target)
 
 
@@ -103,7 +117,7 @@ def lr_find(argv: list[str]) -> int:
     p.add_argument("--max_lr", type=float, default=1.0)
     p.add_argument("--num_training", type=int, default=100)
     a, overrides = p.parse_known_args(argv)
-    cli = build(overrides)
+    cli = build([], overrides)
     finder = Tuner(cli.trainer).lr_find(cli.model, datamodule=cli.datamodule, min_lr=a.min_lr,
                                         max_lr=a.max_lr, num_training=a.num_training,
                                         update_attr=False)
@@ -130,7 +144,7 @@ def find_batch_size(argv: list[str]) -> int:
     p.add_argument("--mode", default="power", choices=("power", "binsearch"))
     p.add_argument("--max_trials", type=int, default=6)
     a, overrides = p.parse_known_args(argv)
-    cli = build(overrides)
+    cli = build([], overrides)
     size = Tuner(cli.trainer).scale_batch_size(cli.model, datamodule=cli.datamodule, mode=a.mode,
                                                max_trials=a.max_trials, init_val=2)
     print(f"Largest batch size that fits: {size} (tried up to {2 ** (a.max_trials + 1)})\n"

@@ -127,6 +127,7 @@ def test_atomic_checkpoint_write_never_leaves_a_partial_file(tmp_path, monkeypat
 
 EVERY_EPOCH = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
                "--trainer.callbacks.every_n_epochs=1", "--trainer.callbacks.save_top_k=-1",
+               "--trainer.callbacks.monitor=val/loss",  # a distinct callback state key
                "--trainer.callbacks.filename=ep{epoch}"]
 
 
@@ -138,7 +139,7 @@ def test_resume_at_an_epoch_boundary_is_exact(tiny_data, tmp_path):
     first = run_cli(["fit", *fit_args(tiny_data, *common, epochs=3)], cwd=straight)
     assert first.returncode == 0, first.stderr[-3000:]
     run_a = only_run(straight / "logs")
-    boundary = run_a / "checkpoints" / "ep1.ckpt"  # the state after 2 of 3 epochs
+    boundary = run_a / "checkpoints" / "epepoch=1.ckpt"  # the state after 2 of 3 epochs
 
     resumed = tmp_path / "resumed"
     resumed.mkdir()

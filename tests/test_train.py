@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.conftest import fit_args, only_run, run_cli, scalars
@@ -18,6 +19,8 @@ def test_fit_logs_metrics_and_writes_loadable_checkpoints(tiny_data, tmp_path):
     assert len(series["val/acc"]) == 2  # one point per epoch
     # without pretrained weights every layer is new: the head gets no larger LR
     assert series["lr-SGD/head"] == series["lr-SGD/backbone"]
+    lrs = [v for _, v in series["lr-SGD/backbone"]]
+    assert lrs[0] == pytest.approx(1e-4) and lrs == sorted(lrs)  # warmup from 1e-4, rising
 
     ckpts = run / "checkpoints"
     best = list(ckpts.glob("best-*.ckpt"))

@@ -7,7 +7,7 @@ import time
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import grad_norm, rank_zero_only
+from lightning.pytorch.utilities import grad_norm
 
 log = logging.getLogger("project")
 
@@ -39,9 +39,11 @@ class DataWaitMonitor(Callback):
         self.threshold = threshold
         self.skip_first = skip_first  # worker start-up is not a steady-state cost
         self.warned = False
+        self.on_train_epoch_start(None, None)  # a run resumed mid-epoch skips that hook
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self.wait = self.compute = 0.0
+        self.start = 0.0
         self.last_end: float | None = None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
@@ -61,7 +63,7 @@ class DataWaitMonitor(Callback):
         if total <= 0:
             return
         fraction = self.wait / total
-        pl_module.log("perf/data_wait_frac", fraction)
+        pl_module.log("perf/data_wait_frac", fraction, sync_dist=True)  # mean over ranks
         if fraction > self.threshold and not self.warned:
             self.warned = True
             dm = trainer.datamodule
@@ -83,15 +85,14 @@ class OverfitHint(Callback):
         self.streak = 0
         self.hinted = False
 
-    @rank_zero_only
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         train_acc = getattr(pl_module, "train_acc", None)
         val = trainer.callback_metrics.get("val/acc")
         if train_acc is None or val is None or not train_acc.update_count:
             return
-        gap = float(train_acc.compute()) - float(val)
+        gap = float(train_acc.compute()) - float(val)  # compute() syncs: every rank calls it
         self.streak = self.streak + 1 if gap > self.margin else 0
-        if self.streak >= self.patience and not self.hinted:
+        if self.streak >= self.patience and not self.hinted and trainer.is_global_zero:
             self.hinted = True
             hint = (f"train/acc exceeds val/acc by {gap:.2f} (> {self.margin}) for {self.streak} "
                     "epochs: the model is overfitting. Try more data or stronger augmentation "

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_only
 
 from project.metrics import confused_pairs, per_class_table
 from project.plots import confusion_figure, save
@@ -86,11 +85,10 @@ def write_report(result: dict, class_names: list[str], checkpoint: str, out_dir:
 class TestReport(Callback):
     """After ``test``: print the per-class table and write the report files."""
 
-    @rank_zero_only
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        result = getattr(pl_module, "results", {}).get("test")
-        if result is None:
-            return
         ckpt = trainer.ckpt_path
-        out_dir = Path(ckpt).parent if ckpt else Path(trainer.log_dir or ".")
+        out_dir = Path(ckpt).parent if ckpt else Path(trainer.log_dir or ".")  # log_dir: collective
+        result = getattr(pl_module, "results", {}).get("test")
+        if result is None or not trainer.is_global_zero:
+            return
         write_report(result, pl_module.class_names, str(ckpt or "(in-memory model)"), out_dir)

@@ -6,7 +6,7 @@ import logging
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.loggers import TensorBoardLogger
 
 log = logging.getLogger("project")
 
@@ -56,19 +56,28 @@ class RunSummary(Callback):
     epoch (Lightning's documented pattern), so the HPARAMS table compares finished runs.
     """
 
-    @rank_zero_only
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.logger is not None and trainer.global_step == 0:
-            trainer.logger.log_hyperparams(run_hparams(trainer, pl_module), HP_METRICS)
+        log_dir = trainer.log_dir  # a collective under DDP: every rank must ask
+        if not trainer.is_global_zero:
+            return
+        if trainer.global_step == 0:
+            params = run_hparams(trainer, pl_module)
+            for logger in trainer.loggers:  # only TensorBoard's HPARAMS tab takes metrics
+                if isinstance(logger, TensorBoardLogger):
+                    logger.log_hyperparams(params, HP_METRICS)
+                else:
+                    logger.log_hyperparams(params)
         log.info("Training %s (%s) on %d classes: %s. Logs: %s",
                  pl_module.hparams.backbone, pl_module.weights_note, pl_module.hparams.num_classes,
-                 ", ".join(pl_module.class_names), trainer.log_dir)
+                 ", ".join(pl_module.class_names), log_dir)
 
-    @rank_zero_only
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        log_dir = trainer.log_dir  # a collective under DDP: every rank must ask
+        if not trainer.is_global_zero:
+            return
         metrics = trainer.callback_metrics
         lines = ["", "=" * 72, f"Run finished after {trainer.current_epoch} epochs "
-                 f"({trainer.global_step} steps). Logs: {trainer.log_dir}"]
+                 f"({trainer.global_step} steps). Logs: {log_dir}"]
         for key in ("val/acc", "val/acc_best", "val/f1_macro", "val/loss"):
             if key in metrics:
                 lines.append(f"  {key:<14} {float(metrics[key]):.4f}")
