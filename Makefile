@@ -14,7 +14,7 @@ INPUT  ?= $(DEMO)/test
 DATA_DIR ?= $(DEMO)
 
 .PHONY: help install data train train-ddp resume evaluate predict export check-data overfit \
-        lr-find find-batch-size profile test test-all lint tensorboard bench notebooks clean
+        lr-find find-batch-size profile test test-fast lint tensorboard bench notebooks clean
 
 help: ## List the targets
 	@echo "Usage: make TARGET [ARGS=\"--key=value ...\"]"
@@ -64,11 +64,18 @@ find-batch-size: data ## Largest batch size that fits in memory
 profile: data ## Profile a short run: where does the time go?
 	$(PY) -m project fit --config $(CONFIG) --config configs/presets/profile.yaml $(ARGS)
 
-test: $(STAMP) ## Run the test suite (without the slow tests)
-	$(PY) -m pytest -m "not slow" $(ARGS)
-
-test-all: $(STAMP) ## Run every test, the slow ones too
+test: $(STAMP) ## Run the whole test suite (about 7 minutes on 2 CPU cores)
 	$(PY) -m pytest $(ARGS)
+
+test-fast: $(STAMP) ## Run the tests without the slow and multi-process ones
+	$(PY) -m pytest -m "not slow and not distributed" $(ARGS)
+
+bench: data ## Speed tables: template vs plain loop, data pipeline, start-up, inference
+	$(PY) -m benchmarks.bench $(ARGS)
+
+notebooks: $(STAMP) ## Open Jupyter on the teaching notebooks
+	$(VENV)/bin/pip install --quiet ".[notebooks]"
+	$(VENV)/bin/jupyter lab notebooks/
 
 lint: $(STAMP) ## Check the code with ruff
 	$(VENV)/bin/ruff check .

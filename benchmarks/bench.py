@@ -1,0 +1,235 @@
+"""Speed of the template, measured side by side in one run and printed as Markdown tables.
+
+    python -m benchmarks.bench [--quick] [--data DIR] [--ckpt CKPT]     (make bench)
+
+1. Training overhead: images/s of the template's fit vs a minimal plain-PyTorch loop (same
+   model, data, transforms, batch, precision, workers and steps), start-up excluded.
+2. Data pipeline: decoded + augmented images/s by num_workers, with and without the cache,
+   next to the model's training-step rate: which side is the bottleneck.
+3. Start-up: seconds from the command to the first training step.
+4. Inference: PyTorch eager vs ONNX Runtime FP32 vs INT8, from the export report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from project.callbacks import default_callbacks
+from project.callbacks.monitors import DataWaitMonitor, GradNormLogger
+from project.data import FolderDataModule
+from project.demo import make_demo
+from project.model import ImageClassifier
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def table(headers: list[str], rows: list[list]) -> str:
+    def fmt(v) -> str:
+        return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def datamodule(data: Path, size: int, batch: int, workers: int, cache: str) -> FolderDataModule:
+    dm = FolderDataModule(data, image_size=size, batch_size=batch, num_workers=workers, cache=cache)
+    dm.setup("fit")
+    return dm
+
+
+class _StepTimer(Callback):
+    """Wall time from the end of step ``warmup`` to the end of the last step."""
+
+    def __init__(self, warmup: int) -> None:
+        self.warmup, self.start, self.end = warmup, 0.0, 0.0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.warmup:
+            self.start = time.perf_counter()
+        self.end = time.perf_counter()
+
+
+def template_rate(data: Path, size: int, batch: int, workers: int, steps: int, warmup: int) -> float:
+    """Images/s of the template's training path (its callbacks, logger, schedule, guards)."""
+    torch.manual_seed(0)
+    dm = FolderDataModule(data, image_size=size, batch_size=batch, num_workers=workers)
+    model = ImageClassifier(weights=None, num_classes=dm.num_classes, class_names=dm.class_names,
+                            image_size=size)
+    timer = _StepTimer(warmup)
+    callbacks = [*default_callbacks(), GradNormLogger(), DataWaitMonitor(),
+                 LearningRateMonitor("step"), timer]
+    with tempfile.TemporaryDirectory() as logs:
+        trainer = L.Trainer(max_steps=warmup + steps, max_epochs=-1, precision="bf16-mixed",
+                            accelerator="cpu", devices=1, limit_val_batches=0,
+                            enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False, callbacks=callbacks,
+                            logger=TensorBoardLogger(logs), log_every_n_steps=10)
+        trainer.fit(model, dm)
+    return steps * batch / (timer.end - timer.start)
+
+
+def plain_rate(data: Path, size: int, batch: int, workers: int, steps: int, warmup: int) -> float:
+    """The physical limit of the same work: a bare PyTorch loop over the same loader."""
+    torch.manual_seed(0)
+    dm = datamodule(data, size, batch, workers, "auto")
+    model = ImageClassifier(weights=None, num_classes=dm.num_classes, image_size=size).net
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9, weight_decay=1e-4)
+    model.train()
+    done, start, epoch = 0, 0.0, 0
+    while done < warmup + steps:
+        loader = dm.train_dataloader()
+        loader.sampler.set_epoch(epoch)
+        for x, y in loader:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            done += 1
+            if done == warmup:
+                start = time.perf_counter()
+            if done == warmup + steps:
+                break
+        epoch += 1
+    return steps * batch / (time.perf_counter() - start)
+
+
+def loader_rate(dm: FolderDataModule, batches: int) -> float:
+    """Decoded + augmented images/s of the training loader alone (first batch excluded)."""
+    it = iter(dm.train_dataloader())
+    next(it)
+    start, n = time.perf_counter(), 0
+    for _ in range(batches):
+        x, _ = next(it)
+        n += len(x)
+    return n / (time.perf_counter() - start)
+
+
+def model_step_rate(num_classes: int, size: int, batch: int, steps: int) -> float:
+    """Images/s of forward + backward + step on random tensors: no data loading at all."""
+    torch.manual_seed(0)
+    net = ImageClassifier(weights=None, num_classes=num_classes, image_size=size).net
+    opt = torch.optim.SGD(net.parameters(), lr=1e-4, momentum=0.9)
+    x, y = torch.randn(batch, 3, size, size), torch.randint(0, num_classes, (batch,))
+    for i in range(steps + 2):
+        if i == 2:
+            start = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(net(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return steps * batch / (time.perf_counter() - start)
+
+
+def startup_seconds(data: Path, size: int) -> float:
+    """From launching ``python -m project fit`` to the first training step."""
+    with tempfile.TemporaryDirectory() as cwd:
+        start = time.perf_counter()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "project", "fit", "--config", str(REPO / "configs/train.yaml"),
+             f"--data.data_dir={data}", f"--data.image_size={size}", "--model.weights=null",
+             "--trainer.max_steps=1", "--trainer.enable_progress_bar=false"],
+            cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        seconds = float("nan")
+        for line in proc.stdout:
+            if "First training batch" in line and seconds != seconds:
+                seconds = time.perf_counter() - start
+        proc.wait()
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="small sizes: checks the script runs")
+    p.add_argument("--data", help="data folder (default: data/demo, or a small one with --quick)")
+    p.add_argument("--ckpt", help="checkpoint for the inference table (default: newest run's best)")
+    a = p.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-"))
+    if a.quick:
+        data = Path(a.data) if a.data else make_demo(tmp / "data", 24, 4, 2, image_size=32,
+                                                     num_classes=3)
+        size, batch, steps, warmup, loader_batches = 32, 16, 6, 2, 3
+    else:
+        data = Path(a.data or REPO / "data" / "demo")
+        size, batch, steps, warmup, loader_batches = 48, 64, 40, 5, 30
+    threads = torch.get_num_threads()
+    print(f"# Benchmarks\n\nMachine: {platform.machine()} {platform.processor() or ''}, "
+          f"{os.cpu_count()} CPUs, torch {torch.__version__} with {threads} threads; "
+          f"data {data}, {size} px, batch {batch}, bf16 autocast.\n")
+
+    workers = FolderDataModule(data).num_workers
+    template = template_rate(data, size, batch, workers, steps, warmup)
+    plain = plain_rate(data, size, batch, workers, steps, warmup)
+    print(f"## Training overhead ({steps} steps after {warmup} warm-up, num_workers={workers})\n")
+    print(table(["loop", "images/s", "ratio to plain"],
+                [["plain PyTorch", plain, 1.0], ["template fit", template, template / plain]]))
+
+    model_rate = model_step_rate(FolderDataModule(data).num_classes, size, batch, steps)
+    rows = [["model training step (no data)", "-", model_rate, 1.0]]
+    for cache in ("none", "memory"):
+        for n in (0, 1, 2):
+            rate = loader_rate(datamodule(data, size, batch, n, cache), loader_batches)
+            rows.append([f"loader, cache={cache}", n, rate, rate / model_rate])
+    print("\n## Data pipeline vs model\n")
+    print(table(["pipeline", "num_workers", "images/s", "ratio to model step"], rows))
+
+    print("\n## Start-up\n")
+    print(table(["command", "seconds to first training step"],
+                [["python -m project fit", startup_seconds(data, size)]]))
+
+    print("\n## Inference\n")
+    print(inference_table(a.ckpt, data, tmp, a.quick))
+    return 0
+
+
+def inference_table(ckpt: str | None, data: Path, tmp: Path, quick: bool) -> str:
+    from project.export import export_checkpoint
+    from project.runs import RunNotFoundError, resolve_checkpoint
+
+    if quick and not ckpt:  # hermetic: never pick up a real run's checkpoint
+        path = _quick_checkpoint(data, tmp)
+    else:
+        try:
+            path = resolve_checkpoint(ckpt)
+        except RunNotFoundError:
+            return "No checkpoint: train first (make train), or pass --ckpt."
+    report = export_checkpoint(path, tmp / "export", ["onnx", "int8"], str(data),
+                               calibration_images=16 if quick else 256, int8_max_drop=1.0,
+                               repeats=3 if quick else 20)
+    rows = report["formats"]
+    base = rows["pytorch"]
+    out = [[name, r["size_mb"] or "-", r["val_acc"], r["latency_ms_b1"], r["latency_ms_b32"],
+            base["latency_ms_b32"] / r["latency_ms_b32"]] for name, r in rows.items()]
+    return (f"{report['latency']}; checkpoint {path}\n\n" + table(
+        ["engine", "size MB", "val acc", "ms batch 1", "ms batch 32", "speed-up b32 vs eager"], out))
+
+
+def _quick_checkpoint(data: Path, tmp: Path) -> Path:
+    dm = FolderDataModule(data, image_size=32, batch_size=8, num_workers=0)
+    model = ImageClassifier(weights=None, num_classes=dm.num_classes, class_names=dm.class_names,
+                            image_size=32)
+    trainer = L.Trainer(max_epochs=1, default_root_dir=tmp, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, callbacks=default_callbacks())
+    trainer.fit(model, dm)
+    path = tmp / "quick.ckpt"
+    trainer.save_checkpoint(path)
+    return path
+
+
+if __name__ == "__main__":
+    sys.exit(main())
