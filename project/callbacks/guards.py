@@ -125,7 +125,7 @@ class NonFiniteGuard(Callback):
         self.top = top
         self.overflows = 0
         self.batch: torch.Tensor | None = None
-        self.previous: dict[str, float] = {}
+        self.previous: tuple[torch.Tensor, list[str]] | None = None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         self.batch = batch[0] if batch is not None else None
@@ -134,11 +134,11 @@ class NonFiniteGuard(Callback):
         named = [(n, p.grad) for n, p in pl_module.named_parameters() if p.grad is not None]
         if not named:
             return
-        norms = torch.stack([g.detach().float().norm() for _, g in named])
+        # one fused kernel for all layers, one host sync per step
+        norms = torch.stack(torch._foreach_norm([g.detach() for _, g in named])).float()
         if bool(torch.isfinite(norms).all()):
             self.overflows = 0
-            top = norms.topk(min(self.top, len(named)))
-            self.previous = {named[i][0]: float(v) for v, i in zip(*top, strict=True)}
+            self.previous = (norms, [n for n, _ in named])  # read only for a diagnosis
             return
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         self.overflows += 1
@@ -155,9 +155,12 @@ class NonFiniteGuard(Callback):
             f"{len(bad)} of {total} parameter tensors.",
             f"  first non-finite (forward order): {', '.join(bad[:self.top])}",
         ]
-        if self.previous:
+        if self.previous is not None:
+            norms, names = self.previous
+            top = norms.topk(min(self.top, len(names)))
             lines.append("  largest gradient norms at the last healthy step: " + ", ".join(
-                f"{n} {v:.3g}" for n, v in self.previous.items()))
+                f"{names[i]} {v:.3g}" for v, i in zip(top.values.tolist(), top.indices.tolist(),
+                                                       strict=True)))
         if self.batch is not None:
             lines.append(f"  input batch: {format_stats(batch_stats(self.batch))}")
         if loss is not None:

@@ -67,7 +67,7 @@ class DataWaitMonitor(Callback):
         if fraction > self.threshold and not self.warned:
             self.warned = True
             dm = trainer.datamodule
-            workers = getattr(dm, "num_workers", "?")
+            workers = dm.workers() if hasattr(dm, "workers") else "?"
             log.warning(
                 "WARNING: %.0f%% of training time was spent waiting for data (threshold %.0f%%). "
                 "The loader is the bottleneck: raise data.num_workers (now %s), set "
