@@ -19,7 +19,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from project.folders import is_image_file, layout, structure_problems
+from project.folders import is_image_file, layout, structure_problems, walk_files
 from project.pixels import HIGH_BIT_MODES, to_rgb
 
 SEVERITIES = ("error", "skipped", "converted", "warning")
@@ -76,20 +76,6 @@ def inspect_file(path: str, max_pixels: float) -> list[Finding]:
     return out
 
 
-def _walk(folder: Path) -> list[str]:
-    """Every file below ``folder`` (images or not, broken links too), following folder links."""
-    files, seen = [], set()
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
-        real = os.path.realpath(dirpath)
-        if real in seen:
-            dirnames[:] = []
-            continue
-        seen.add(real)
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        files += [os.path.join(dirpath, f) for f in sorted(filenames) if not f.startswith(".")]
-    return files
-
-
 def scan(data_dir: str | Path, max_pixels: float = 40e6) -> list[Finding]:
     root = Path(data_dir)
     findings = [Finding("error", str(root), p) for p in structure_problems(root)]
@@ -99,7 +85,7 @@ def scan(data_dir: str | Path, max_pixels: float = 40e6) -> list[Finding]:
     by_hash: dict[str, list[tuple[str, str]]] = defaultdict(list)
     for split, folder in {"train": base, **splits}.items():
         for cls in classes:
-            files = _walk(folder / cls) if (folder / cls).is_dir() else []
+            files = walk_files(folder / cls) if (folder / cls).is_dir() else []
             decodable = 0
             for path in files:
                 problems = inspect_file(path, max_pixels)

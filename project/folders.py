@@ -44,8 +44,9 @@ def class_folders(root: Path) -> list[str]:
     return sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
 
 
-def list_images(folder: Path) -> list[str]:
-    """Image files below ``folder``, sorted, following symlinked folders but never in a cycle."""
+def walk_files(folder: Path) -> list[str]:
+    """Every non-hidden file below ``folder``, sorted, following symlinked folders but never
+    in a cycle (broken links included: check-data reports them)."""
     found: list[str] = []
     seen: set[str] = set()
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
@@ -55,8 +56,13 @@ def list_images(folder: Path) -> list[str]:
             continue
         seen.add(real)
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        found.extend(os.path.join(dirpath, f) for f in filenames if is_image_file(f))
+        found.extend(os.path.join(dirpath, f) for f in filenames if not f.startswith("."))
     return sorted(found)
+
+
+def list_images(folder: Path) -> list[str]:
+    """Image files below ``folder`` (by extension), sorted."""
+    return [f for f in walk_files(folder) if is_image_file(os.path.basename(f))]
 
 
 def scan_split(folder: Path, classes: list[str]) -> list[Sample]:
