@@ -105,7 +105,7 @@ def evaluate(argv: list[str]) -> int:
     ckpt = resolve_checkpoint(spec)
     run = ckpt.parent.parent
     overrides = argv[1:] if spec else argv
-    ProjectCLI(args=["test", *_run_args(run), f"--ckpt_path={ckpt}", *overrides])
+    ProjectCLI(args=["test", *_run_args(run), f"--ckpt_path={ckpt}", "--verbose=false", *overrides])
     return 0
 
 
