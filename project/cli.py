@@ -143,9 +143,19 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
 }
 
 
+class _DropAdverts(logging.Filter):
+    """Lightning 2.6 prints a cloud-service tip on every run; it is not about this run."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Tip: For seamless cloud logging" not in record.getMessage()
+
+
 def setup_logging() -> None:
     # main() passes its arguments on explicitly (after resolving aliases): not a mistake.
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+    # raised inside Lightning with this torch version; nothing a user can act on
+    warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\)")
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropAdverts())
     logger = logging.getLogger("project")
     if not logger.handlers:
         handler = logging.StreamHandler()
