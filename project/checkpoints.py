@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import torch
@@ -41,7 +42,7 @@ def load_model(path: str | Path):
             f"'{path}' holds no class names (hyper_parameters.class_names); it was not written "
             "by this project's training"
         )
-    allowed = ImageClassifier.__init__.__code__.co_varnames
+    allowed = inspect.signature(ImageClassifier.__init__).parameters
     hparams = {k: v for k, v in hparams.items() if k in allowed}
     hparams.update(weights=None, compile=False)
     model = ImageClassifier(**hparams)
