@@ -169,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     setup_logging()
     try:
+        if not argv or argv[0] in ("-h", "--help"):
+            print("Project commands (each takes --help): " + ", ".join(COMMANDS) +
+                  "\nLightningCLI subcommands follow.\n")
         if argv and argv[0] in COMMANDS:
             return COMMANDS[argv[0]](argv[1:]) or 0
         ProjectCLI(args=_resolve_ckpt_alias(argv))
@@ -179,3 +182,14 @@ def main(argv: list[str] | None = None) -> int:
             message = message.splitlines()[-1].split(": ", 1)[-1]
         print(f"error: {message}", file=sys.stderr)
         return 2
+    finally:
+        _close_process_group()
+
+
+def _close_process_group() -> None:
+    """Lightning leaves the DDP process group open; gloo's threads can then abort the process
+    at interpreter exit ('terminate called without an active exception')."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
