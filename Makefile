@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP) ## Create .venv and install the project with its test tools
 
 data: $(STAMP) ## Make the demo data set in data/demo (if missing)
-	@test -d $(DEMO) || $(PY) -m project.demo $(DEMO)
+	@test -d $(DEMO) || $(PY) -m project.data.demo $(DEMO)
 
 train: data ## Train with configs/train.yaml (make train ARGS="--trainer.max_epochs=5")
 	$(PY) -m project fit --config $(CONFIG) $(ARGS)

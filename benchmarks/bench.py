@@ -32,7 +32,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from project.callbacks import default_callbacks
 from project.callbacks.monitors import DataWaitMonitor, GradNormLogger
 from project.data import FolderDataModule
-from project.demo import make_demo
+from project.data.demo import make_demo
 from project.model import ImageClassifier
 
 REPO = Path(__file__).resolve().parents[1]
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def inference_table(ckpt: str | None, data: Path, tmp: Path, quick: bool) -> str:
-    from project.export import export_checkpoint
+    from project.deploy.export import export_checkpoint
     from project.runs import RunNotFoundError, resolve_checkpoint
 
     if quick and not ckpt:  # hermetic: never pick up a real run's checkpoint

@@ -8,6 +8,6 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-[ -d data/demo ] || "$PY" -m project.demo data/demo
+[ -d data/demo ] || "$PY" -m project.data.demo data/demo
 timeout 450 "$PY" -m benchmarks.gpu_throughput --data data/demo --image-size 224 --batch-size 128 \
   --steps 60 --warmup 15

@@ -134,12 +134,12 @@ def _lazy(module: str, name: str = "main") -> Callable[[list[str]], int]:
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "resume": resume,
     "evaluate": evaluate,
-    "predict": _lazy("project.predict"),
-    "export": _lazy("project.export"),
-    "check-data": _lazy("project.check_data"),
-    "overfit": _lazy("project.tools", "overfit"),
-    "lr-find": _lazy("project.tools", "lr_find"),
-    "find-batch-size": _lazy("project.tools", "find_batch_size"),
+    "predict": _lazy("project.deploy.predict"),
+    "export": _lazy("project.deploy.export"),
+    "check-data": _lazy("project.diagnose.check_data"),
+    "overfit": _lazy("project.diagnose.tools", "overfit"),
+    "lr-find": _lazy("project.diagnose.tools", "lr_find"),
+    "find-batch-size": _lazy("project.diagnose.tools", "find_batch_size"),
 }
 
 

@@ -18,7 +18,13 @@ def run_dirs(root: Path = LOG_ROOT) -> list[Path]:
     if not root.is_dir():
         return []
     runs = {p.parent.parent for p in root.rglob("checkpoints/*.ckpt")}
-    return sorted(runs, key=lambda p: max(f.stat().st_mtime for f in p.glob("checkpoints/*.ckpt")))
+    runs = {r for r in runs if checkpoints(r)}  # not only a half-written temporary file
+    return sorted(runs, key=lambda r: max(f.stat().st_mtime for f in checkpoints(r)))
+
+
+def checkpoints(run: Path, pattern: str = "*.ckpt") -> list[Path]:
+    """The complete checkpoint files of ``run`` (temporary ``.name.tmp.ckpt`` files excluded)."""
+    return [p for p in (run / "checkpoints").glob(pattern) if not p.name.startswith(".")]
 
 
 def newest_run(root: Path = LOG_ROOT) -> Path:
@@ -40,7 +46,7 @@ def last_checkpoint(run: Path) -> Path:
 
 def best_checkpoint(run: Path) -> Path:
     """The checkpoint kept for the best monitored metric (``best-*.ckpt``), else ``last.ckpt``."""
-    best = sorted((run / "checkpoints").glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime)
+    best = sorted(checkpoints(run, "best-*.ckpt"), key=lambda p: p.stat().st_mtime)
     return best[-1] if best else last_checkpoint(run)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from project.demo import make_demo
+from project.data.demo import make_demo
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_CONFIG = REPO / "configs" / "train.yaml"

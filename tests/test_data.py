@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from project.data import FolderDataModule
-from project.demo import make_demo
-from project.folders import DataFolderError, discover
-from project.samplers import EpochSampler
+from project.data.demo import make_demo
+from project.data.folders import DataFolderError, discover
+from project.data.samplers import EpochSampler
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def test_augmentation_does_not_depend_on_num_workers(tiny_data):
 
 def test_sampler_draws_anew_each_epoch_and_balances_classes():
     targets = torch.tensor([0] * 90 + [1] * 10)
-    from project.samplers import class_balanced_weights
+    from project.data.samplers import class_balanced_weights
 
     sampler = EpochSampler(100, class_balanced_weights(targets, 2), seed=5)
     sampler.set_epoch(0)

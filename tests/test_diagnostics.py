@@ -19,8 +19,8 @@ from project.callbacks import default_callbacks
 from project.callbacks.guards import TrainingHealthError
 from project.callbacks.monitors import DataWaitMonitor, GradNormLogger
 from project.data import FolderDataModule
+from project.diagnose.tools import run_overfit
 from project.model import ImageClassifier
-from project.tools import run_overfit
 from tests.conftest import fit_args, run_cli
 
 

@@ -7,8 +7,8 @@ from collections import Counter
 import pytest
 import torch
 
-from project.samplers import EpochSampler, class_balanced_weights
-from project.schedule import global_batch_size, scaled_lr
+from project.data.samplers import EpochSampler, class_balanced_weights
+from project.model.schedule import global_batch_size, scaled_lr
 from tests.conftest import fit_args, only_run, run_cli, scalars
 
 DDP = ["--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp"]

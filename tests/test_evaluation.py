@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from project.checkpoints import load_model
-from project.images import decode
-from project.metrics import confused_pairs, per_class_table, stage_metrics
-from project.transforms import eval_transforms
+from project.data.images import decode
+from project.data.transforms import eval_transforms
+from project.model.metrics import confused_pairs, per_class_table, stage_metrics
 from tests.conftest import run_cli, scalars
 
 CLASSES = ["checker", "circle", "cross"]

@@ -92,7 +92,7 @@ def test_torch_free_inference_matches_predict(exported, trained_run, tiny_data, 
                       "--output", str(torch_csv)], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     infer = subprocess.run(
-        [sys.executable, "-m", "project.infer", str(exported / "model.onnx"), str(images),
+        [sys.executable, "-m", "project.deploy.infer", str(exported / "model.onnx"), str(images),
          "--output", str(onnx_csv)],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
         env={"PYTHONPATH": str(blocker), "PATH": "/usr/bin:/bin"},

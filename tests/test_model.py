@@ -12,10 +12,9 @@ import torch
 import torchvision
 from torch import nn
 
-from project import backbones
 from project.data import FolderDataModule
-from project.model import ImageClassifier
-from project.schedule import warmup_cosine
+from project.model import ImageClassifier, backbones
+from project.model.schedule import warmup_cosine
 
 
 def _cache_file(torch_home: Path, name: str) -> Path:

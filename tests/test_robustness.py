@@ -17,8 +17,8 @@ import torch
 from PIL import Image
 
 from project.callbacks.resilience import AtomicCheckpointIO
-from project.check_data import scan
-from project.demo import make_demo
+from project.data.demo import make_demo
+from project.diagnose.check_data import scan
 from tests.conftest import fit_args, only_run, run_cli, scalars
 
 

@@ -8,8 +8,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from project.metrics import confused_pairs
-from project.plots import confusion_figure, image_grid_figure
+from project.callbacks.plots import confusion_figure, image_grid_figure
+from project.model.metrics import confused_pairs
 
 
 def confused_pairs_markdown(confusion: torch.Tensor, class_names: list[str], top: int = 5) -> str:

@@ -6,14 +6,14 @@ Written next to the checkpoint that was evaluated, so each model file keeps its 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
-from project.metrics import confused_pairs, per_class_table
-from project.plots import confusion_figure, save
+from project.callbacks.plots import confusion_figure, save
+from project.common.files import write_text
+from project.model.metrics import confused_pairs, per_class_table
 
 
 def format_table(table: dict) -> str:
@@ -47,12 +47,6 @@ def format_markdown(table: dict, pairs: list[dict], checkpoint: str) -> str:
     return "\n".join(lines)
 
 
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def write_report(result: dict, class_names: list[str], checkpoint: str, out_dir: Path) -> dict:
     """Print the table and write the three files; returns the report as a dict."""
     table = per_class_table(result, class_names)
@@ -68,12 +62,10 @@ def write_report(result: dict, class_names: list[str], checkpoint: str, out_dir:
         "confused_pairs": pairs,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
-    _write_text(out_dir / "report.json", json.dumps(report, indent=2))
-    _write_text(out_dir / "report.md", format_markdown(table, pairs, checkpoint))
-    png = out_dir / "confusion_matrix.png"
+    write_text(out_dir / "report.json", json.dumps(report, indent=2))
+    write_text(out_dir / "report.md", format_markdown(table, pairs, checkpoint))
     save(confusion_figure(result["confusion"], class_names, "test confusion matrix"),
-         png.with_name(".confusion_matrix.tmp.png"))
-    os.replace(png.with_name(".confusion_matrix.tmp.png"), png)
+         out_dir / "confusion_matrix.png")
     print("\n" + format_table(table))
     if pairs:
         print("\nMost confused (true -> predicted): " + ", ".join(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from project.common.files import atomic_path
+
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Write each checkpoint to a temporary file, fsync it, then rename it into place.
@@ -25,19 +26,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
-        target = Path(path)
         if "://" in str(path):  # remote storage: leave it to Lightning's fsspec writer
             return super().save_checkpoint(checkpoint, path, storage_options)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        finally:
-            tmp.unlink(missing_ok=True)
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            torch.save(checkpoint, f)
 
 
 class RngState(Callback):

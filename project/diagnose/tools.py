@@ -125,7 +125,7 @@ def lr_find(argv: list[str]) -> int:
         raise ProjectError("the LR finder did not run (is fast_dev_run set?)")
     out = Path(a.output)
     out.parent.mkdir(parents=True, exist_ok=True)
-    from project.plots import save
+    from project.callbacks.plots import save
 
     save(finder.plot(suggest=True), out)
     suggestion = finder.suggestion()

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from project.exporters import ExportError, staged
+from project.common.files import atomic_path
+from project.deploy.exporters import ExportError
 
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 
@@ -41,7 +42,7 @@ def quantize_int8(fp32_path: Path, int8_path: Path, calibration: Iterable[np.nda
         raise ExportError(f"--calibration_method must be one of {CALIBRATION_METHODS}")
     source = onnx.load(str(fp32_path))
     input_name = source.graph.input[0].name
-    with staged(int8_path) as tmp:
+    with atomic_path(int8_path) as tmp:
         prepared = tmp.with_name(tmp.stem + ".prep.onnx")
         try:
             quant_pre_process(str(fp32_path), str(prepared), skip_symbolic_shape=False)

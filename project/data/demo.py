@@ -5,7 +5,7 @@ Each image is a shape with random colour, size, position and rotation over a ran
 with noise, clutter and a light spot, so the task needs real features and augmentation helps,
 like a photo set gathered from many sources.
 
-    python -m project.demo data/demo --train-per-class 500 --image-size 48
+    python -m project.data.demo data/demo --train-per-class 500 --image-size 48
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ def make_demo(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m project.demo", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m project.data.demo", description=__doc__.split("\n")[0])
     p.add_argument("out_dir", help="folder to create, e.g. data/demo")
     p.add_argument("--train-per-class", type=int, default=500)
     p.add_argument("--val-per-class", type=int, default=60)

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from project.pixels import read_rgb
+from project.common.pixels import read_rgb
 
 
 def decode(path: str) -> torch.Tensor:

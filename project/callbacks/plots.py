@@ -11,7 +11,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from project.transforms import denormalise  # noqa: E402
+from project.common.files import atomic_path  # noqa: E402
+from project.data.transforms import denormalise  # noqa: E402
 
 
 def confusion_figure(confusion: torch.Tensor, class_names: list[str], title: str) -> Figure:
@@ -56,5 +57,7 @@ def image_grid_figure(
 
 
 def save(fig: Figure, path) -> None:
-    fig.savefig(path, dpi=120)
+    """Write the figure as a PNG, atomically, and free it."""
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)

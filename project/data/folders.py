@@ -12,11 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
+from project.common.files import IMAGE_EXTENSIONS, list_images
 from project.errors import ProjectError
 
-IMAGE_EXTENSIONS = frozenset(
-    {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
-)
 SPLIT_NAMES = ("train", "val", "test")
 LAYOUT_HINT = (
     "Lay the images out as <data_dir>/train/<class>/<image> (with optional val/ and test/ "
@@ -35,34 +33,9 @@ class Sample:
     label: int
 
 
-def is_image_file(name: str) -> bool:
-    return Path(name).suffix.lower() in IMAGE_EXTENSIONS and not name.startswith(".")
-
-
 def class_folders(root: Path) -> list[str]:
     """Sorted subfolder names: the class names, and the label order (index = label)."""
     return sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
-
-
-def walk_files(folder: Path) -> list[str]:
-    """Every non-hidden file below ``folder``, sorted, following symlinked folders but never
-    in a cycle (broken links included: check-data reports them)."""
-    found: list[str] = []
-    seen: set[str] = set()
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
-        real = os.path.realpath(dirpath)
-        if real in seen:
-            dirnames[:] = []
-            continue
-        seen.add(real)
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        found.extend(os.path.join(dirpath, f) for f in filenames if not f.startswith("."))
-    return sorted(found)
-
-
-def list_images(folder: Path) -> list[str]:
-    """Image files below ``folder`` (by extension), sorted."""
-    return [f for f in walk_files(folder) if is_image_file(os.path.basename(f))]
 
 
 def scan_split(folder: Path, classes: list[str]) -> list[Sample]:

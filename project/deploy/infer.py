@@ -1,8 +1,8 @@
 """Classify images with an exported model.onnx: NumPy, Pillow and ONNX Runtime only, no torch.
 
-    python -m project.infer exports/demo/version_0/model.onnx DIR_OR_FILE --output preds.csv
+    python -m project.deploy.infer exports/demo/version_0/model.onnx DIR_OR_FILE --output preds.csv
 
-For deployment, copy this file, ``project/pixels.py`` and the .onnx file; the preprocessing
+For deployment, copy this file, ``project/common/`` and the .onnx file; the preprocessing
 (input size, crop ratio, mean and std) and the class names are read from the model's metadata.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -19,9 +18,8 @@ import numpy as np
 import onnxruntime as ort
 from PIL import Image
 
-from project.pixels import read_rgb
-
-IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
+from project.common.files import atomic_path, list_images
+from project.common.pixels import read_rgb
 
 
 class OnnxClassifier:
@@ -64,13 +62,10 @@ class OnnxClassifier:
 
 
 def image_paths(spec: str | Path) -> list[str]:
-    path = Path(spec)
-    if path.is_file():
-        return [str(path)]
-    if not path.is_dir():
-        raise FileNotFoundError(f"'{path}' does not exist")
-    return sorted(str(p) for p in path.rglob("*")
-                  if p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith("."))
+    """A file, or the images below a folder, listed exactly as training lists them."""
+    if not Path(spec).exists():
+        raise FileNotFoundError(f"'{spec}' does not exist")
+    return list_images(spec)
 
 
 def classify(model: OnnxClassifier, paths: list[str], top_k: int = 3,
@@ -100,7 +95,7 @@ def classify(model: OnnxClassifier, paths: list[str], top_k: int = 3,
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m project.infer", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m project.deploy.infer", description=__doc__.split("\n")[0])
     p.add_argument("model", help="an exported .onnx file")
     p.add_argument("input", help="an image file or a folder of images")
     p.add_argument("--output", default="preds.csv")
@@ -117,12 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     k = min(a.top_k, len(model.class_names))
     fields = ["path", "predicted", "confidence"]
     fields += [f"top{r}{s}" for r in range(1, k + 1) for s in ("", "_prob")] + ["error"]
-    tmp = Path(a.output).with_name(f".{Path(a.output).name}.tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
+    with atomic_path(a.output) as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=fields, restval="")
         writer.writeheader()
         writer.writerows(rows)
-    os.replace(tmp, a.output)
     failed = sum(1 for r in rows if r["error"])
     print(f"{len(rows) - failed} images classified with {a.model} -> {a.output}")
     return 0

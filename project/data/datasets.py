@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 import torch
 from torch.utils.data import Dataset, default_collate
 
+from project.data.folders import Sample
+from project.data.images import ImageCache, decode
 from project.errors import ConfigError, ProjectError
-from project.folders import Sample
-from project.images import ImageCache, decode
 
 log = logging.getLogger(__name__)
 BAD_IMAGE_POLICIES = ("skip", "error")

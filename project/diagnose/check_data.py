@@ -19,8 +19,9 @@ from pathlib import Path
 
 from PIL import Image
 
-from project.folders import is_image_file, layout, structure_problems, walk_files
-from project.pixels import HIGH_BIT_MODES, to_rgb
+from project.common.files import is_image_file, walk_files
+from project.common.pixels import HIGH_BIT_MODES, to_rgb
+from project.data.folders import layout, structure_problems
 
 SEVERITIES = ("error", "skipped", "converted", "warning")
 MODE_NAMES = {"L": "grayscale", "LA": "grayscale with alpha", "P": "palette", "PA": "palette with alpha",

@@ -17,10 +17,10 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from project import backbones
 from project.errors import ConfigError
-from project.metrics import flatten, stage_metrics
-from project.schedule import LrScaling, global_batch_size, scaled_lr, step_schedule
+from project.model import backbones
+from project.model.metrics import flatten, stage_metrics
+from project.model.schedule import LrScaling, global_batch_size, scaled_lr, step_schedule
 
 log = logging.getLogger(__name__)
 

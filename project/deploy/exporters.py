@@ -6,18 +6,17 @@ A model that was not loaded back and compared with PyTorch is never left on disk
 from __future__ import annotations
 
 import json
-import os
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
+from project.common.files import atomic_path
+from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from project.errors import ProjectError
-from project.transforms import IMAGENET_MEAN, IMAGENET_STD
 
 PARITY_BATCHES = (1, 3, 8)
 ONNX_OPSET = 18
@@ -25,17 +24,6 @@ ONNX_OPSET = 18
 
 class ExportError(ProjectError, RuntimeError):
     """An export that failed its verification; its file has been removed."""
-
-
-@contextmanager
-def staged(final: Path) -> Iterator[Path]:
-    """Yield a temporary path; rename it to ``final`` only if the block succeeds."""
-    tmp = final.with_name(f".{final.stem}.tmp{final.suffix}")
-    try:
-        yield tmp
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def parity_inputs(image_size: int, seed: int = 0) -> list[torch.Tensor]:
@@ -95,7 +83,7 @@ def export_onnx(model, net: nn.Module, path: Path, tolerance: float = 1e-4) -> f
     size = model.hparams.image_size
     example = torch.randn(2, 3, size, size)
     batch = torch.export.Dim("batch", min=1, max=4096)
-    with staged(path) as tmp, warnings.catch_warnings():
+    with atomic_path(path) as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             net, (example,), dynamo=True, external_data=False, opset_version=ONNX_OPSET,
@@ -113,7 +101,7 @@ def export_onnx(model, net: nn.Module, path: Path, tolerance: float = 1e-4) -> f
 def export_torchscript(net: nn.Module, path: Path, image_size: int, tolerance: float = 1e-4) -> float:
     """Traced TorchScript (legacy: for libtorch and TorchServe users), reloaded and compared."""
     example = torch.randn(2, 3, image_size, image_size)
-    with staged(path) as tmp, warnings.catch_warnings():
+    with atomic_path(path) as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.jit is deprecated upstream; still widely deployed
         traced = torch.jit.trace(net, example)
         traced.save(str(tmp))
@@ -125,7 +113,7 @@ def export_pt2(net: nn.Module, path: Path, image_size: int, tolerance: float = 1
     """torch.export program (.pt2) with a dynamic batch, reloaded and compared."""
     example = torch.randn(2, 3, image_size, image_size)
     batch = torch.export.Dim("batch", min=1, max=4096)
-    with staged(path) as tmp:
+    with atomic_path(path) as tmp:
         program = torch.export.export(net, (example,), dynamic_shapes={"x": {0: batch}})
         torch.export.save(program, str(tmp))
         loaded = torch.export.load(str(tmp)).module()

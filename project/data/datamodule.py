@@ -12,12 +12,12 @@ import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader
 
-from project.datasets import ImageDataset, collate_skipping_bad
+from project.data.datasets import ImageDataset, collate_skipping_bad
+from project.data.folders import FolderSplits, Sample, discover
+from project.data.images import ImageCache, decoded_bytes
+from project.data.samplers import EpochSampler, class_balanced_weights
+from project.data.transforms import eval_transforms, train_transforms
 from project.errors import ConfigError
-from project.folders import FolderSplits, Sample, discover
-from project.images import ImageCache, decoded_bytes
-from project.samplers import EpochSampler, class_balanced_weights
-from project.transforms import eval_transforms, train_transforms
 
 log = logging.getLogger(__name__)
 

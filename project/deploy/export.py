@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -20,13 +19,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from project import exporters
 from project.checkpoints import load_model, read_checkpoint
+from project.common.files import write_text
+from project.data.folders import discover
+from project.data.images import decode
+from project.data.transforms import eval_transforms
+from project.deploy import exporters
 from project.errors import ProjectError
-from project.folders import discover
-from project.images import decode
 from project.runs import LOG_ROOT, resolve_checkpoint
-from project.transforms import eval_transforms
 
 FORMATS = ("onnx", "int8", "torchscript", "pt2")
 FILES = {"onnx": "model.onnx", "int8": "model.int8.onnx", "torchscript": "model.torchscript.pt",
@@ -152,7 +152,7 @@ def export_checkpoint(ckpt_path: Path, out: Path, formats: list[str], data_dir: 
 
 
 def _export_int8(out: Path, splits, size: int, crop: float, n: int, method: str) -> None:
-    from project.quantize import quantize_int8
+    from project.deploy.quantize import quantize_int8
 
     rng = np.random.default_rng(0)
     chosen = [splits.train[i] for i in rng.permutation(len(splits.train))[:n]]
@@ -187,9 +187,7 @@ def _write_report(out: Path, report: dict) -> None:
                      f"{r['latency_ms_b1']:.2f} | {r['latency_ms_b32']:.2f} |")
     for name, text in (("export_report.json", json.dumps(report, indent=2)),
                        ("export_report.md", "\n".join(lines) + "\n")):
-        tmp = out / f".{name}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, out / name)
+        write_text(out / name, text)
     print("\n".join(lines[2:]))
 
 

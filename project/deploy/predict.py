@@ -10,28 +10,24 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
 from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from project.checkpoints import load_model
+from project.common.files import atomic_path, list_images
+from project.data.images import decode
+from project.data.transforms import eval_transforms
 from project.errors import ProjectError
-from project.folders import list_images
-from project.images import decode
 from project.runs import resolve_checkpoint
-from project.transforms import eval_transforms
 
 
 def input_files(spec: str | Path) -> list[str]:
-    """A single file, or every image file below a folder (sorted)."""
-    path = Path(spec)
-    if path.is_file():
-        return [str(path)]
-    if path.is_dir():
-        return list_images(path)
-    raise ProjectError(f"--input '{path}' does not exist")
+    """A single file, or every image file below a folder (sorted), as training lists them."""
+    if not Path(spec).exists():
+        raise ProjectError(f"--input '{spec}' does not exist")
+    return list_images(spec)
 
 
 class _Files(Dataset):
@@ -87,13 +83,10 @@ def write_csv(rows: list[dict], output: Path, top_k: int) -> None:
     fields = ["path", "predicted", "confidence"]
     fields += [f"top{r}{s}" for r in range(1, top_k + 1) for s in ("", "_prob")]
     fields.append("error")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(f".{output.name}.tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
+    with atomic_path(output) as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=fields, restval="")
         writer.writeheader()
         writer.writerows(rows)
-    os.replace(tmp, output)
 
 
 def main(argv: list[str]) -> int:

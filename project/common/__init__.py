@@ -1,0 +1,1 @@
+"""Small torch-free helpers used by both training and deployment (they import nothing above)."""

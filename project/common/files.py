@@ -1,0 +1,70 @@
+"""Files: one atomic writer and one way to list images, shared by training, deployment and tools.
+
+Torch-free on purpose: ``project/deploy/infer.py`` uses it where torch is not installed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+# The formats the data folder may hold (Pillow decodes them all). Other files are ignored, and
+# check-data names the ones that look like images with another extension.
+IMAGE_EXTENSIONS = frozenset(
+    {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
+)
+
+
+@contextmanager
+def atomic_path(final: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``final``; once the block has written it, fsync and rename.
+
+    A crash or an error at any moment leaves either the old complete file or the new complete
+    one, never a half-written file under the final name (the temporary one is removed).
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.stem}.tmp{final.suffix}")
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def is_image_file(name: str) -> bool:
+    return Path(name).suffix.lower() in IMAGE_EXTENSIONS and not Path(name).name.startswith(".")
+
+
+def walk_files(folder: str | Path) -> list[str]:
+    """Every non-hidden file below ``folder``, sorted, following symlinked folders but never
+    in a cycle (broken links included: check-data reports them)."""
+    found: list[str] = []
+    seen: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen:
+            dirnames[:] = []
+            continue
+        seen.add(real)
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        found.extend(os.path.join(dirpath, f) for f in filenames if not f.startswith("."))
+    return sorted(found)
+
+
+def list_images(path: str | Path) -> list[str]:
+    """Image files below the folder ``path`` (by extension), sorted; a file is itself."""
+    path = Path(path)
+    if path.is_file():
+        return [str(path)]
+    return [f for f in walk_files(path) if is_image_file(f)]
