@@ -14,10 +14,11 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
-from project.callbacks import default_callbacks, guard_callbacks
-from project.callbacks.resilience import AtomicCheckpointIO
+from project.callbacks import REQUIRED_CALLBACKS, guard_callbacks
 from project.checkpoints import check_checkpoint_classes
 from project.data import FolderDataModule
 from project.errors import CheckpointError, ProjectError
@@ -38,13 +39,14 @@ class FitConfigSaver(SaveConfigCallback):
 class ProjectCLI(LightningCLI):
     def __init__(self, args: list[str] | None = None, run: bool = True, tool: bool = False) -> None:
         """``tool``: a diagnosis run (overfit, LR finder): guards only, no saved config."""
+        self.tool = tool
         super().__init__(
             ImageClassifier,
             FolderDataModule,
             seed_everything_default=42,
             save_config_callback=None if tool else FitConfigSaver,
             save_config_kwargs={"overwrite": True},
-            trainer_defaults={"callbacks": guard_callbacks() if tool else default_callbacks()},
+            trainer_defaults={"callbacks": guard_callbacks()} if tool else {},
             auto_configure_optimizers=False,
             args=args,
             run=run,
@@ -57,13 +59,35 @@ class ProjectCLI(LightningCLI):
         parser.link_arguments("data.image_size", "model.image_size")
         parser.link_arguments("data.crop_ratio", "model.crop_ratio")
 
-    def _instantiate_trainer(self, config: dict, callbacks: list):
-        plugins = config.get("plugins") or []
-        plugins = plugins if isinstance(plugins, list) else [plugins]
-        if not any(hasattr(p, "save_checkpoint") for p in plugins):
-            plugins.append(AtomicCheckpointIO())  # crash-safe checkpoint files
-        config["plugins"] = plugins
-        return super()._instantiate_trainer(config, callbacks)
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """fit, validate, test. Lightning's ``predict`` is left out: ``python -m project predict``
+        is the project's own command (a CSV of predictions for a folder of images)."""
+        return {k: v for k, v in LightningCLI.subcommands().items() if k != "predict"}
+
+    def before_instantiate_classes(self) -> None:
+        if self.tool:
+            return
+        trainer = self.config[self.subcommand].trainer if self.subcommand else self.config.trainer
+        self._add_required_callbacks(trainer)
+        if trainer.get("sync_batchnorm") and not _on_gpu(trainer.get("accelerator")):
+            log.info("Notice: trainer.sync_batchnorm turned off: SyncBatchNorm needs GPUs, and "
+                     "this run is on the CPU (each process keeps its own BatchNorm statistics).")
+            trainer.sync_batchnorm = False
+
+    @staticmethod
+    def _add_required_callbacks(trainer: Namespace) -> None:
+        """The guards of a correct run stay on even if a config leaves them out, and the run
+        says which it added (configs/train.yaml lists them all)."""
+        callbacks = list(trainer.get("callbacks") or [])
+        present = {getattr(c, "class_path", type(c).__module__ + "." + type(c).__name__)
+                   for c in callbacks}
+        missing = [path for path in REQUIRED_CALLBACKS if path not in present]
+        if missing:
+            log.info("Notice: added callbacks that every training run needs but the config lacks: "
+                     "%s", ", ".join(p.rsplit(".", 1)[1] for p in missing))
+            callbacks += [Namespace(class_path=p, init_args=Namespace()) for p in missing]
+            trainer.callbacks = callbacks
 
     def _check_checkpoint(self, subcommand: str) -> None:
         ckpt = self.config_init[subcommand].get("ckpt_path")
@@ -78,6 +102,12 @@ class ProjectCLI(LightningCLI):
 
     def before_test(self) -> None:
         self._check_checkpoint("test")
+
+
+def _on_gpu(accelerator: object) -> bool:
+    """Whether an ``accelerator`` setting ends up on CUDA GPUs."""
+    name = str(getattr(accelerator, "class_path", accelerator) or "auto").lower()
+    return torch.cuda.is_available() and ("cpu" not in name)
 
 
 def _run_args(run: Path) -> list[str]:

@@ -11,3 +11,9 @@ class ConfigError(ProjectError, ValueError):
 
 class CheckpointError(ProjectError, ValueError):
     """A checkpoint that is missing, unreadable, or does not fit the data."""
+
+
+def require(ok: bool, key: str, rule: str, value: object) -> None:
+    """Raise a one-line :class:`ConfigError` naming ``key`` when a setting is out of range."""
+    if not ok:
+        raise ConfigError(f"{key} {rule}, got {value!r}")

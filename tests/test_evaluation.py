@@ -17,7 +17,7 @@ import torch
 from project.checkpoints import load_model
 from project.data.images import decode
 from project.data.transforms import eval_transforms
-from project.model.metrics import confused_pairs, per_class_table, stage_metrics
+from project.model.metrics import StageMetrics, confused_pairs, per_class_table
 from tests.conftest import run_cli, scalars
 
 CLASSES = ["checker", "circle", "cross"]
@@ -28,22 +28,28 @@ def test_metrics_equal_a_hand_computation():
     # predicted: 0 0 1 2 1 1 0 2 2 2
     target = torch.tensor([0, 0, 0, 0, 1, 1, 1, 2, 2, 2])
     pred = torch.tensor([0, 0, 1, 2, 1, 1, 0, 2, 2, 2])
-    metrics = stage_metrics(3)
-    metrics.update(torch.nn.functional.one_hot(pred, 3).float(), target)
+    metrics = StageMetrics("val", CLASSES)
+    logits = torch.nn.functional.one_hot(pred, 3).float()
+    metrics.update(logits, target, torch.nn.functional.cross_entropy(logits, target))
     values = metrics.compute()
-    assert values["confusion"].tolist() == [[2, 1, 1], [1, 2, 0], [0, 0, 3]]
-    assert values["acc"] == pytest.approx(7 / 10)
-    assert values["recall"].tolist() == pytest.approx([2 / 4, 2 / 3, 3 / 3])
-    assert values["precision"].tolist() == pytest.approx([2 / 3, 2 / 3, 3 / 4])
-    f1 = [2 * p * r / (p + r) for p, r in ((2 / 3, 1 / 2), (2 / 3, 2 / 3), (3 / 4, 1.0))]
-    assert values["f1"].tolist() == pytest.approx(f1)
-    assert values["f1_macro"] == pytest.approx(sum(f1) / 3)
-    assert values["acc_macro"] == pytest.approx((1 / 2 + 2 / 3 + 1) / 3)
+    assert values["val/confusion"].tolist() == [[2, 1, 1], [1, 2, 0], [0, 0, 3]]
+    assert values["val/acc"] == pytest.approx(7 / 10)
 
-    table = per_class_table(values, CLASSES)
+    def per_class(kind):
+        return [float(values[f"val/{kind}/{c}"]) for c in CLASSES]
+
+    assert per_class("recall") == pytest.approx([2 / 4, 2 / 3, 3 / 3])
+    assert per_class("precision") == pytest.approx([2 / 3, 2 / 3, 3 / 4])
+    f1 = [2 * p * r / (p + r) for p, r in ((2 / 3, 1 / 2), (2 / 3, 2 / 3), (3 / 4, 1.0))]
+    assert per_class("f1") == pytest.approx(f1)
+    assert values["val/f1_macro"] == pytest.approx(sum(f1) / 3)
+    assert values["val/acc_macro"] == pytest.approx((1 / 2 + 2 / 3 + 1) / 3)
+    assert int(metrics.confusion.confmat.sum()) == 0  # compute() restarted the counts
+
+    table = per_class_table(values, "val", CLASSES)
     assert table["classes"]["checker"]["support"] == 4
     assert table["averages"]["weighted avg"]["recall"] == pytest.approx(0.7)
-    pairs = confused_pairs(values["confusion"], CLASSES, top=5)
+    pairs = confused_pairs(values["val/confusion"], CLASSES, top=5)
     assert [(p["true"], p["predicted"], p["count"]) for p in pairs] == [
         ("checker", "circle", 1), ("checker", "cross", 1), ("circle", "checker", 1)]
 

@@ -36,8 +36,9 @@ def test_pretrained_weights_come_from_the_hub_cache(_no_downloads):
             assert torch.equal(model.net.state_dict()[name], tensor), name
     assert model.net.fc.out_features == 3
     assert not torch.equal(model.net.fc.weight[:3], reference.fc.weight[:3])
-    body, head = model.param_groups()
-    assert head["lr"] == 10 * body["lr"]  # the pretrained body learns 10x slower than the head
+    groups = {g["name"]: g for g in model.param_groups()}
+    assert groups["head"]["lr"] == 10 * groups["backbone"]["lr"]  # the body learns 10x slower
+    assert groups["head_no_decay"]["lr"] == groups["head"]["lr"]
 
 
 def test_weights_from_an_explicit_file(tmp_path):
@@ -81,9 +82,13 @@ def test_head_replaced_for_each_family(name, size):
     head = model.net.get_submodule(model.head_name)
     assert isinstance(head, nn.Linear) and head.out_features == 5
     assert model(torch.randn(2, 3, size, size)).shape == (2, 5)
-    body, new = model.param_groups()
-    assert {id(p) for p in new["params"]} == {id(p) for p in head.parameters()}
-    assert len(body["params"]) + len(new["params"]) == len(list(model.parameters()))
+    groups = {g["name"]: g["params"] for g in model.param_groups()}
+    in_head = {id(p) for p in groups["head"] + groups["head_no_decay"]}
+    assert in_head == {id(p) for p in head.parameters()}
+    assert sum(len(p) for p in groups.values()) == len(list(model.parameters()))
+    # weight decay only on weights of 2+ dimensions: norms and biases are in the no-decay groups
+    assert all(p.ndim >= 2 for p in groups["backbone"] + groups["head"])
+    assert all(p.ndim == 1 for p in groups["backbone_no_decay"] + groups["head_no_decay"])
 
 
 def test_unknown_backbone_lists_the_choices():

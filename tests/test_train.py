@@ -33,7 +33,7 @@ def test_fit_logs_metrics_and_writes_loadable_checkpoints(tiny_data, tmp_path):
 
 
 def test_resume_continues_same_run_with_optimizer_state(tiny_data, tmp_path):
-    args = fit_args(tiny_data, "--model.optimizer=adamw", epochs=1)
+    args = fit_args(tiny_data, "--model.optimizer=torch.optim.AdamW", epochs=1)
     first = run_cli(["fit", *args], cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     run = only_run(tmp_path / "logs")

@@ -68,7 +68,7 @@ class Dashboards(Callback):
         result = getattr(pl_module, "results", {}).get(stage)
         if writer is None or result is None or trainer.sanity_checking:
             return
-        cm, names, step = result["confusion"], pl_module.class_names, trainer.global_step
+        cm, names, step = result[f"{stage}/confusion"], pl_module.class_names, trainer.global_step
         title = f"{stage} confusion matrix (epoch {trainer.current_epoch})"
         writer.add_figure(f"{stage}/confusion_matrix", confusion_figure(cm, names, title), step)
         writer.add_text(f"{stage}/confused_pairs",

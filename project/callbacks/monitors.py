@@ -6,26 +6,81 @@ import logging
 import time
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import grad_norm
+from torch import nn
 
 log = logging.getLogger("project")
 
 
-class GradNormLogger(Callback):
-    """Logs the gradient norm of every layer (``grad_2.0_norm/<param>``) and the total.
+def param_blocks(net: nn.Module, head_name: str = "") -> dict[str, str]:
+    """Parameter name -> block: ``stem`` (single layers before the first block), the items of
+    the first long Sequential/ModuleList in each top-level module (``layer1.0``, ``features.3``,
+    ``encoder.layers.encoder_layer_5``; a ResNet stage of a few blocks stays ``layer1``), the
+    other top-level modules by name, and ``head``."""
+    blocks: dict[str, str] = {}
+    seen_block = False
+    head_top = head_name.split(".")[0]
+    for top, child in net.named_children():
+        names = [n for n, _ in child.named_parameters()]
+        if not names:
+            continue
+        if top == head_top:
+            blocks.update({f"{top}.{n}": "head" for n in names})
+            continue
+        if not list(child.children()):  # a single layer: part of the stem until a block is seen
+            blocks.update({f"{top}.{n}": "stem" if not seen_block else top for n in names})
+            continue
+        seen_block = True
+        inner = next((p for p, m in child.named_modules()
+                      if isinstance(m, nn.Sequential | nn.ModuleList) and len(m) >= LONG), None)
+        for n in names:
+            block = top
+            if inner is not None and n.startswith(f"{inner}." if inner else ""):
+                rest = n[len(inner) + 1:] if inner else n
+                block = ".".join(filter(None, [top, inner, rest.split(".")[0]]))
+            blocks[f"{top}.{n}"] = block
+    return blocks
 
-    The first question when a loss explodes or stalls: which layer's gradients are huge or
-    vanishing. Logged every ``every_n_steps`` steps, after AMP unscaling, before clipping.
+
+LONG = 6  # a container of at least this many items is split into its items
+
+
+class GradNormLogger(Callback):
+    """Logs gradient norms per block (``grad_norm/<block>``) and in total (``grad_norm/total``).
+
+    The first question when a loss explodes or stalls: which part's gradients are huge or
+    vanishing. Blocks (stem, stages, head; see :func:`param_blocks`) keep TensorBoard readable;
+    ``per_parameter: true`` adds one chart per parameter tensor (Lightning's ``grad_norm``).
+    Logged every ``every_n_steps`` steps, after AMP unscaling, before clipping.
     """
 
-    def __init__(self, every_n_steps: int = 50, norm_type: float = 2.0) -> None:
+    def __init__(self, every_n_steps: int = 50, norm_type: float = 2.0,
+                 per_parameter: bool = False) -> None:
         self.every_n_steps = every_n_steps
         self.norm_type = norm_type
+        self.per_parameter = per_parameter
+        self.blocks: dict[str, str] | None = None
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        if trainer.global_step % self.every_n_steps == 0:
+        if trainer.global_step % self.every_n_steps:
+            return
+        if self.per_parameter:
             pl_module.log_dict(grad_norm(pl_module, norm_type=self.norm_type))
+        net = getattr(pl_module, "net", pl_module)
+        if self.blocks is None:
+            self.blocks = param_blocks(net, getattr(pl_module, "head_name", ""))
+        powers: dict[str, torch.Tensor] = {}
+        for name, p in net.named_parameters():
+            if p.grad is not None:
+                block = self.blocks.get(name, name.split(".")[0])
+                norm = p.grad.detach().float().norm(self.norm_type) ** self.norm_type
+                powers[block] = powers.get(block, 0) + norm
+        if powers:
+            logged = {f"grad_norm/{b}": v ** (1 / self.norm_type) for b, v in powers.items()}
+            logged["grad_norm/total"] = sum(powers.values()) ** (1 / self.norm_type)
+            pl_module.log_dict(logged)
 
 
 class DataWaitMonitor(Callback):

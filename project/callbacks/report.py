@@ -49,22 +49,24 @@ def format_markdown(table: dict, pairs: list[dict], checkpoint: str) -> str:
 
 def write_report(result: dict, class_names: list[str], checkpoint: str, out_dir: Path) -> dict:
     """Print the table and write the three files; returns the report as a dict."""
-    table = per_class_table(result, class_names)
-    pairs = confused_pairs(result["confusion"], class_names)
+    table = per_class_table(result, "test", class_names)
+    confusion = result["test/confusion"]
+    pairs = confused_pairs(confusion, class_names)
     report = {
         "checkpoint": checkpoint,
         **table,
-        "loss": float(result["loss"]),
-        "acc_macro": float(result["acc_macro"]),
-        "f1_macro": float(result["f1_macro"]),
-        "confusion_matrix": result["confusion"].tolist(),
+        "loss": float(result["test/loss"]),
+        "nll": float(result["test/nll"]),
+        "acc_macro": float(result["test/acc_macro"]),
+        "f1_macro": float(result["test/f1_macro"]),
+        "confusion_matrix": confusion.tolist(),
         "class_names": class_names,
         "confused_pairs": pairs,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     write_text(out_dir / "report.json", json.dumps(report, indent=2))
     write_text(out_dir / "report.md", format_markdown(table, pairs, checkpoint))
-    save(confusion_figure(result["confusion"], class_names, "test confusion matrix"),
+    save(confusion_figure(confusion, class_names, "test confusion matrix"),
          out_dir / "confusion_matrix.png")
     print("\n" + format_table(table))
     if pairs:

@@ -8,12 +8,11 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
+from project.model.metrics import HP_METRICS
+
 log = logging.getLogger("project")
 
-HP_METRICS = {"hp/val_acc_best": 0.0, "hp/val_f1_macro": 0.0}
-
-
-def best_checkpoint(trainer: L.Trainer) -> ModelCheckpoint | None:
+def monitored_checkpoint(trainer: L.Trainer) -> ModelCheckpoint | None:
     """The checkpoint callback that monitors a metric (the 'best' one), if any."""
     for cb in trainer.checkpoint_callbacks:
         if isinstance(cb, ModelCheckpoint) and cb.monitor:
@@ -64,7 +63,7 @@ class RunSummary(Callback):
             params = run_hparams(trainer, pl_module)
             for logger in trainer.loggers:  # only TensorBoard's HPARAMS tab takes metrics
                 if isinstance(logger, TensorBoardLogger):
-                    logger.log_hyperparams(params, HP_METRICS)
+                    logger.log_hyperparams(params, dict.fromkeys(HP_METRICS, 0.0))
                 else:
                     logger.log_hyperparams(params)
         log.info("Training %s (%s) on %d classes: %s. Logs: %s",
@@ -81,7 +80,7 @@ class RunSummary(Callback):
         for key in ("val/acc", "val/acc_best", "val/f1_macro", "val/loss"):
             if key in metrics:
                 lines.append(f"  {key:<14} {float(metrics[key]):.4f}")
-        best = best_checkpoint(trainer)
+        best = monitored_checkpoint(trainer)
         if best is not None and best.best_model_path:
             lines.append(f"  best checkpoint ({best.monitor}={float(best.best_model_score):.4f}): "
                          f"{best.best_model_path}")

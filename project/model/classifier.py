@@ -1,7 +1,9 @@
 """ImageClassifier: a pretrained torchvision backbone with a new head, trained by transfer.
 
-Where to change things: the network in ``project/backbones.py``, the loss in ``__init__``,
-the optimiser and schedule in ``configure_optimizers``, what is logged in the step methods.
+Where to change things: the network in ``project/model/backbones.py``, the loss in
+``loss``, the parameter groups in ``param_groups``, the optimiser in the config
+(``model.optimizer``), the schedule in ``configure_optimizers``, what is logged in
+``project/model/metrics.py``.
 """
 
 from __future__ import annotations
@@ -12,17 +14,27 @@ from typing import Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.cli import OptimizerCallable
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
-from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from project.errors import ConfigError
+from project.errors import ConfigError, require
 from project.model import backbones
-from project.model.metrics import flatten, stage_metrics
+from project.model.metrics import HP_METRICS, BestSoFar, StageMetrics, loggable
+from project.model.param_groups import make_param_groups
 from project.model.schedule import LrScaling, global_batch_size, scaled_lr, step_schedule
 
 log = logging.getLogger(__name__)
+# Layers whose statistics or affine parameters a frozen backbone keeps as they are.
+NORM_LAYERS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, nn.GroupNorm,
+               nn.LayerNorm)
+
+
+def default_optimizer(params) -> torch.optim.Optimizer:
+    """SGD with momentum 0.9 and weight decay 1e-4 (the transfer-learning default); used when
+    ``model.optimizer`` is not set. Any ``torch.optim`` class can replace it from the config."""
+    return torch.optim.SGD(params, lr=0.01, momentum=0.9, weight_decay=1e-4)
 
 
 class ImageClassifier(L.LightningModule):
@@ -33,12 +45,16 @@ class ImageClassifier(L.LightningModule):
         backbone: any torchvision classification model name (resnet18, efficientnet_b0, ...).
         weights: ``DEFAULT`` (ImageNet), another torchvision weights name, a .pth file, or null.
         image_size, crop_ratio: linked from the data; kept so export and predict need no data.
-        optimizer: ``sgd`` (momentum, the CV default) or ``adamw``.
+        optimizer: a ``torch.optim`` class with its settings (``class_path``/``init_args`` in
+            the config), called on the parameter groups made here; null: SGD, momentum 0.9,
+            weight decay 1e-4. Its ``lr`` is ignored: ``lr`` below sets every group's LR.
         lr: learning rate of the backbone for ``base_batch_size`` images per step.
         head_lr_mult: the new head learns this many times faster than the pretrained body
             (1 when there are no pretrained weights: then every layer is new).
         warmup_epochs, warmup_start_lr: linear warmup from ``warmup_start_lr``, then cosine.
-        freeze_backbone_epochs: keep the backbone at LR 0 for this many epochs (head only).
+        min_lr: the LR the cosine ends at.
+        freeze_backbone_epochs: train the head only for this many epochs: the backbone gets no
+            gradients and its norm layers stay in eval mode (their statistics do not move).
         label_smoothing: cross-entropy label smoothing.
         class_weights: per-class loss weights, ``balanced`` (inverse frequency) or null.
         lr_scaling, base_batch_size: adapt ``lr`` to the global batch (devices x nodes x accum).
@@ -53,11 +69,9 @@ class ImageClassifier(L.LightningModule):
         weights: str | None = "DEFAULT",
         image_size: int = 224,
         crop_ratio: float = 0.875,
-        optimizer: Literal["sgd", "adamw"] = "sgd",
+        optimizer: OptimizerCallable | None = None,
         lr: float = 0.01,
         head_lr_mult: float = 10.0,
-        momentum: float = 0.9,
-        weight_decay: float = 1e-4,
         warmup_epochs: float = 3.0,
         warmup_start_lr: float = 1e-4,
         min_lr: float = 0.0,
@@ -66,13 +80,24 @@ class ImageClassifier(L.LightningModule):
         class_weights: list[float] | Literal["balanced"] | None = None,
         lr_scaling: LrScaling = "none",
         base_batch_size: int = 64,
-        channels_last: bool = False,
+        channels_last: bool = True,
         compile: bool = False,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters(logger=False)  # logged with the run summary instead
+        for key, value in (("lr", lr), ("warmup_epochs", warmup_epochs), ("min_lr", min_lr),
+                           ("warmup_start_lr", warmup_start_lr),
+                           ("freeze_backbone_epochs", freeze_backbone_epochs)):
+            require(value >= 0, f"model.{key}", "must be 0 or more", value)
+        require(head_lr_mult > 0, "model.head_lr_mult", "must be above 0", head_lr_mult)
+        require(base_batch_size >= 1, "model.base_batch_size", "must be 1 or more", base_batch_size)
+        require(0 <= label_smoothing < 1, "model.label_smoothing", "must be in [0, 1)", label_smoothing)
         if class_names is not None and len(class_names) != num_classes:
             raise ConfigError(f"{len(class_names)} class_names for num_classes={num_classes}")
+        self.save_hyperparameters(logger=False)  # logged with the run summary instead
+        if optimizer is not None and not isinstance(self.hparams.optimizer, dict):
+            # built in Python rather than from a config: keep checkpoints free of code objects
+            self.hparams.optimizer = {"class_path": getattr(optimizer, "__qualname__", str(optimizer))}
+        self.optimizer_factory = optimizer or default_optimizer
         self.class_names = list(class_names or [str(i) for i in range(num_classes)])
         built = backbones.build(backbone, weights, num_classes)
         self.net = built.net
@@ -80,12 +105,12 @@ class ImageClassifier(L.LightningModule):
         self.pretrained = built.pretrained
         self.weights_note = built.weights_note
         self.lr = lr  # the LR finder reads and writes this attribute
-        self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+        # Loss weights live in the checkpoint, so evaluate's test/loss uses the training loss.
+        self.register_buffer("class_weight", torch.ones(num_classes))
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
-        self.val_metrics = stage_metrics(num_classes)
-        self.test_metrics = stage_metrics(num_classes)
-        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
-        self.val_acc_best = MaxMetric()
+        self.val_metrics = StageMetrics("val", self.class_names)
+        self.test_metrics = StageMetrics("test", self.class_names)
+        self.val_acc_best = BestSoFar()
         self.results: dict[str, dict[str, torch.Tensor]] = {}  # last computed, for callbacks
         self.effective_lr = lr
         self.global_batch = base_batch_size
@@ -99,6 +124,12 @@ class ImageClassifier(L.LightningModule):
             x = x.contiguous(memory_format=torch.channels_last)
         return self.net(x)
 
+    def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy with the class weights and label smoothing: for training and eval."""
+        weight = self.class_weight if self.hparams.class_weights is not None else None
+        return nn.functional.cross_entropy(logits, target, weight=weight,
+                                           label_smoothing=self.hparams.label_smoothing)
+
     def setup(self, stage: str) -> None:
         weights = self.hparams.class_weights
         if stage == "fit" and weights is not None:
@@ -106,10 +137,33 @@ class ImageClassifier(L.LightningModule):
                 targets = torch.as_tensor(self.trainer.datamodule.train_set.targets)
                 counts = torch.bincount(targets, minlength=self.hparams.num_classes).clamp(min=1)
                 weights = (counts.sum() / (len(counts) * counts)).tolist()
-            self.criterion = nn.CrossEntropyLoss(
-                weight=torch.tensor(weights, dtype=torch.float32),
-                label_smoothing=self.hparams.label_smoothing,
-            )
+            require(len(weights) == self.hparams.num_classes, "model.class_weights",
+                    f"needs one weight per class ({self.hparams.num_classes})", weights)
+            self.class_weight.copy_(torch.tensor(weights, dtype=torch.float32))
+
+    # -- freezing ------------------------------------------------------------------------
+    def backbone_frozen(self) -> bool:
+        return self.current_epoch < self.hparams.freeze_backbone_epochs
+
+    def apply_freeze(self) -> None:
+        """While frozen: no backbone gradients, and backbone norm layers in eval mode."""
+        frozen = self.backbone_frozen()
+        head_params = {id(p) for p in self.net.get_submodule(self.head_name).parameters()}
+        for p in self.net.parameters():
+            if id(p) not in head_params:
+                p.requires_grad_(not frozen)
+        norms = [m for m in self.net.modules()
+                 if isinstance(m, NORM_LAYERS)
+                 and not any(id(p) in head_params for p in m.parameters())]
+        for module in norms:  # Lightning restores these modes after validation: set them always
+            module.train(self.training and not frozen)
+
+    def on_train_epoch_start(self) -> None:
+        self.apply_freeze()
+
+    def on_validation_model_train(self) -> None:
+        super().on_validation_model_train()  # back to train mode after validation...
+        self.apply_freeze()  # ...but a frozen backbone's norm layers stay in eval mode
 
     # -- steps ---------------------------------------------------------------------------
     def training_step(self, batch, batch_idx: int) -> torch.Tensor | None:
@@ -117,71 +171,56 @@ class ImageClassifier(L.LightningModule):
             return None
         x, y = batch
         logits = self(x)
-        loss = self.criterion(logits, y)
+        loss = self.loss(logits, y)
         self.train_acc(logits, y)
         self.log("train/loss", loss, prog_bar=True, batch_size=len(y))
         self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, prog_bar=True)
         return loss
 
-    def _eval_step(self, batch, stage: str) -> None:
+    def _eval_step(self, batch, metrics: StageMetrics) -> None:
         if batch is None:
             return
         x, y = batch
         logits = self(x)
-        getattr(self, f"{stage}_loss").update(nn.functional.cross_entropy(logits, y), len(y))
-        getattr(self, f"{stage}_metrics").update(logits, y)
+        metrics.update(logits, y, self.loss(logits, y))
 
     def validation_step(self, batch, batch_idx: int) -> None:
-        self._eval_step(batch, "val")
+        self._eval_step(batch, self.val_metrics)
 
     def test_step(self, batch, batch_idx: int) -> None:
-        self._eval_step(batch, "test")
+        self._eval_step(batch, self.test_metrics)
 
     def predict_step(self, batch, batch_idx: int) -> torch.Tensor:
         x = batch[0] if isinstance(batch, list | tuple) else batch
         return self(x).softmax(-1)
 
-    def _eval_epoch_end(self, stage: str) -> None:
-        collection = getattr(self, f"{stage}_metrics")
-        values = collection.compute()  # synced across DDP ranks
-        values["loss"] = getattr(self, f"{stage}_loss").compute()
-        collection.reset()
-        getattr(self, f"{stage}_loss").reset()
+    def _eval_epoch_end(self, metrics: StageMetrics) -> None:
+        values = metrics.compute()  # a collective under DDP: every rank computes
         if self.trainer.sanity_checking:
             return
-        self.results[stage] = {k: v.detach().cpu() for k, v in values.items()}
-        logged = flatten(values, stage, self.class_names)
-        if stage == "val":
-            self.val_acc_best(values["acc"])
-            logged["val/acc_best"] = self.val_acc_best.compute()
-            logged["hp/val_acc_best"] = logged["val/acc_best"]
-            logged["hp/val_f1_macro"] = values["f1_macro"]
-        self.log_dict(logged, sync_dist=True)  # equal on every rank already; this keeps them so
+        if metrics.stage == "val":
+            self.val_acc_best(values["val/acc"])
+            values["val/acc_best"] = self.val_acc_best.compute()
+            values.update({hp: values[key] for hp, key in HP_METRICS.items()})
+        self.results[metrics.stage] = {k: v.detach().cpu() for k, v in values.items()}
+        self.log_dict(loggable(values), sync_dist=True)  # equal on every rank already
 
     def on_validation_epoch_end(self) -> None:
-        self._eval_epoch_end("val")
+        self._eval_epoch_end(self.val_metrics)
 
     def on_test_epoch_end(self) -> None:
-        self._eval_epoch_end("test")
+        self._eval_epoch_end(self.test_metrics)
 
     # -- optimisation --------------------------------------------------------------------
-    def param_groups(self) -> list[dict]:
-        """Two groups made once: pretrained body, and the new head at ``head_lr_mult`` x LR."""
-        head_prefix = f"{self.head_name}."
-        head, body = [], []
-        for name, p in self.net.named_parameters():
-            if p.requires_grad:
-                (head if name.startswith(head_prefix) else body).append(p)
-        return [
-            {"params": body, "lr": self.effective_lr, "name": "backbone"},
-            {"params": head, "lr": self.effective_lr * self.head_lr_mult, "name": "head"},
-        ]
-
     @property
     def head_lr_mult(self) -> float:
         """The head's LR multiplier: only a pretrained body needs protecting from a large LR;
         from random weights every layer is new and all learn at the same rate."""
         return self.hparams.head_lr_mult if self.pretrained else 1.0
+
+    def param_groups(self) -> list[dict]:
+        """Backbone and head, each split into decayed weights and undecayed norms/biases."""
+        return make_param_groups(self.net, self.head_name, self.effective_lr, self.head_lr_mult)
 
     def configure_optimizers(self):
         hp = self.hparams
@@ -190,29 +229,27 @@ class ImageClassifier(L.LightningModule):
             t.datamodule.batch_size, t.num_devices, t.num_nodes, t.accumulate_grad_batches
         )
         self.effective_lr = scaled_lr(self.lr, self.global_batch, hp.base_batch_size, hp.lr_scaling)
+        groups = self.param_groups()
+        opt = self.optimizer_factory(groups)
         if t.is_global_zero:
             log.info(
                 "Global batch %d (%d per device x %d devices x %d nodes x %d accumulation); "
-                "LR %.4g (model.lr %.4g, lr_scaling=%s, base_batch_size=%d); head x%g",
+                "LR %.4g (model.lr %.4g, lr_scaling=%s, base_batch_size=%d); head x%g; %s",
                 self.global_batch, t.datamodule.batch_size, t.num_devices, t.num_nodes,
                 t.accumulate_grad_batches, self.effective_lr, self.lr, hp.lr_scaling,
-                hp.base_batch_size, self.head_lr_mult)
-        groups = self.param_groups()
-        if hp.optimizer == "sgd":
-            opt = torch.optim.SGD(groups, lr=self.effective_lr, momentum=hp.momentum,
-                                  weight_decay=hp.weight_decay)
-        else:
-            opt = torch.optim.AdamW(groups, lr=self.effective_lr, weight_decay=hp.weight_decay)
+                hp.base_batch_size, self.head_lr_mult, type(opt).__name__)
         if t.max_epochs in (None, -1) and t.max_steps == -1:
             raise ConfigError("the cosine schedule needs a length: set trainer.max_epochs or "
                               "trainer.max_steps")
         lr = self.effective_lr
         start = min(1.0, hp.warmup_start_lr / lr) if lr > 0 else 1.0
         end = hp.min_lr / lr if lr > 0 else 0.0
-        body = step_schedule(self._schedule_lengths, hp.warmup_epochs, start, end,
-                             frozen_epochs=hp.freeze_backbone_epochs)
-        head = step_schedule(self._schedule_lengths, hp.warmup_epochs, start, end)
-        scheduler = LambdaLR(opt, [body, head])
+        factors = [
+            step_schedule(self._schedule_lengths, hp.warmup_epochs, start, end,
+                          frozen_epochs=0 if g["name"].startswith("head") else hp.freeze_backbone_epochs)
+            for g in opt.param_groups
+        ]
+        scheduler = LambdaLR(opt, factors)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def _schedule_lengths(self) -> tuple[int, int]:
