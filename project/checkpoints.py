@@ -44,7 +44,7 @@ def load_model(path: str | Path):
         )
     allowed = inspect.signature(ImageClassifier.__init__).parameters
     hparams = {k: v for k, v in hparams.items() if k in allowed}
-    hparams.update(weights=None, compile=False)
+    hparams.update(weights=None, compile=False, optimizer=None)
     model = ImageClassifier(**hparams)
     model.load_state_dict(ckpt["state_dict"])
     return model.eval()

@@ -23,6 +23,7 @@ from project.checkpoints import check_checkpoint_classes
 from project.data import FolderDataModule
 from project.errors import CheckpointError, ProjectError
 from project.model import ImageClassifier
+from project.model.backbones import weights_preprocessing
 from project.runs import last_checkpoint, newest_run, resolve_checkpoint
 
 log = logging.getLogger("project")
@@ -57,7 +58,6 @@ class ProjectCLI(LightningCLI):
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
         parser.link_arguments("data.image_size", "model.image_size")
-        parser.link_arguments("data.crop_ratio", "model.crop_ratio")
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
@@ -68,12 +68,24 @@ class ProjectCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         if self.tool:
             return
-        trainer = self.config[self.subcommand].trainer if self.subcommand else self.config.trainer
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        self._preprocessing_from_weights(config)
+        trainer = config.trainer
         self._add_required_callbacks(trainer)
         if trainer.get("sync_batchnorm") and not _on_gpu(trainer.get("accelerator")):
             log.info("Notice: trainer.sync_batchnorm turned off: SyncBatchNorm needs GPUs, and "
                      "this run is on the CPU (each process keeps its own BatchNorm statistics).")
             trainer.sync_batchnorm = False
+
+    @staticmethod
+    def _preprocessing_from_weights(config: Namespace) -> None:
+        """Unset ``data.crop_ratio/interpolation/mean/std`` take the pretrained weights' values;
+        the model gets the same, so checkpoint, export and predict repeat them."""
+        resolved = weights_preprocessing(config.model.backbone, config.model.weights)
+        for key, value in resolved.items():
+            if config.data.get(key) is None:
+                config.data[key] = value
+            config.model[key] = config.data[key]
 
     @staticmethod
     def _add_required_callbacks(trainer: Namespace) -> None:

@@ -26,8 +26,38 @@ def test_preset_parses_over_the_default_config(preset: Path, tmp_path):
 
 
 def test_fsdp_preset_builds_a_sharded_strategy():
+    """configs/presets/fsdp.yaml as the CLI reads it: its class_path instantiated with its
+    init_args, and each value found again in the strategy object."""
+    import functools
+    import importlib
+
+    import torch
+    import yaml
+
     from project.strategies import ShardedStrategy
 
-    strategy = ShardedStrategy(min_params=10)
+    spec = yaml.safe_load((REPO / "configs" / "presets" / "fsdp.yaml").read_text())["trainer"]["strategy"]
+    module, _, name = spec["class_path"].rpartition(".")
+    init_args = spec.get("init_args") or {}
+    strategy = getattr(importlib.import_module(module), name)(**init_args)
+    assert isinstance(strategy, ShardedStrategy)
+
+    policy = strategy.kwargs["auto_wrap_policy"]
+    assert isinstance(policy, functools.partial)
+    found = {  # where each preset value must end up
+        "min_params": policy.keywords["min_num_params"],
+        "sharding_strategy": strategy.sharding_strategy.name,
+        "cpu_offload": strategy.cpu_offload.offload_params,
+    }
+    assert set(init_args) <= set(found), f"the test does not know where {set(init_args) - set(found)} go"
+    assert {k: found[k] for k in init_args} == init_args
+    # Unknown keys would pass through **kwargs into FSDP's constructor, failing only on a GPU.
+    assert not set(init_args) & set(strategy.kwargs)
+    # The policy wraps a submodule exactly when it holds at least min_params parameters...
+    min_params = found["min_params"]
+    leaf = torch.nn.Linear(1, 1)
+    assert policy(module=leaf, recurse=False, nonwrapped_numel=min_params)
+    assert not policy(module=leaf, recurse=False, nonwrapped_numel=min_params - 1)
+    # ...and what the class fixes for this project holds with the preset too.
     assert strategy.kwargs["use_orig_params"] is True
     assert strategy._state_dict_type == "full"

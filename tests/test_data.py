@@ -5,14 +5,18 @@ from __future__ import annotations
 import shutil
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
 
 from project.data import FolderDataModule
 from project.data.demo import make_demo
 from project.data.folders import DataFolderError, discover
+from project.data.images import ImageCache
 from project.data.samplers import EpochSampler
+from project.errors import ConfigError
 
 
 @pytest.fixture(scope="module")
@@ -126,3 +130,58 @@ def test_demo_is_deterministic_and_imbalance_shrinks_later_classes(tmp_path):
     assert not (tmp_path / "a.tmp").exists()
     with pytest.raises(FileExistsError):
         make_demo(tmp_path / "a", 6, 2, 2, image_size=24, num_classes=3)
+
+
+@pytest.mark.parametrize(("setting", "value", "allowed"), [
+    ("image_size", 0, ">= 1"), ("batch_size", 0, ">= 1"), ("num_workers", -1, ">= 0"),
+    ("prefetch_factor", 0, ">= 1"), ("hflip", 1.5, "[0, 1]"),
+    ("crop_ratio", 0.0, "(0, 1]"), ("cache_gb", 0.0, "above 0"),
+    ("val_fraction", -0.1, "[0, 1)"), ("test_fraction", 1.0, "[0, 1)"),
+])
+def test_out_of_range_settings_fail_at_construction_naming_the_key(tiny_data, setting, value, allowed):
+    with pytest.raises(ConfigError) as info:
+        FolderDataModule(tiny_data, **{setting: value})
+    assert f"data.{setting} must be" in str(info.value) and allowed in str(info.value)
+
+
+def test_fractions_must_leave_a_training_set(flat_data):
+    with pytest.raises(ConfigError, match=r"data.val_fraction \+ data.test_fraction must be below 1"):
+        FolderDataModule(flat_data, val_fraction=0.5, test_fraction=0.5)
+    with pytest.raises(ConfigError, match="data.test_fraction must be in"):
+        discover(flat_data, test_fraction=1.0)  # was a ZeroDivisionError
+
+
+def test_empty_test_split_advice_fits_the_layout(tiny_data, flat_data, tmp_path):
+    no_test = tmp_path / "no_test"
+    shutil.copytree(tiny_data, no_test, ignore=shutil.ignore_patterns("test"))
+    with pytest.raises(ConfigError) as info:
+        FolderDataModule(no_test, num_workers=0, cache="none").setup("test")
+    assert "add a test/ folder" in str(info.value) and "set data.test_fraction" not in str(info.value)
+    with pytest.raises(ConfigError) as info:  # a flat folder: the fraction is what splits it
+        FolderDataModule(flat_data, test_fraction=0.0, num_workers=0, cache="none").setup("test")
+    assert "set data.test_fraction above 0" in str(info.value)
+
+
+class _MyCPU(CPUAccelerator):
+    pass
+
+
+class _MyCUDA(CUDAAccelerator):
+    pass
+
+
+def test_accelerators_are_recognised_by_type_not_by_class_name(tiny_data):
+    dm = FolderDataModule(tiny_data, image_size=32, cache="none")
+    dm.trainer = SimpleNamespace(accelerator=_MyCPU())
+    assert dm.workers() == 0  # the CPU rule: no loader processes
+    dm.trainer = SimpleNamespace(accelerator=_MyCUDA())
+    dm.num_workers = 0
+    assert dm._loader(dm.make_dataset("val"), range(4)).pin_memory  # CUDA: pinned batches
+
+
+def test_sampler_keeps_every_item_and_cache_has_no_unused_api(tiny_data):
+    sampler = EpochSampler(10, num_replicas=3, rank=0)
+    assert sampler.drop_last is False and len(sampler) == 4  # Lightning reads drop_last
+    with pytest.raises(TypeError):
+        EpochSampler(10, drop_last=True)  # the unused branch is gone
+    assert not hasattr(ImageCache, "nbytes")

@@ -116,6 +116,11 @@ def _logged(logger, key: str) -> list[float]:
         return [float(row[key]) for row in csv.DictReader(f) if row.get(key)]
 
 
+def _columns(logger) -> list[str]:
+    with open(Path(logger.log_dir) / "metrics.csv") as f:
+        return next(csv.reader(f))
+
+
 def test_slow_data_is_measured_and_warned_about(tiny_data, tmp_path, caplog):
     logger = L.pytorch.loggers.CSVLogger(tmp_path)
     monitor = DataWaitMonitor(threshold=0.2)
@@ -125,13 +130,23 @@ def test_slow_data_is_measured_and_warned_about(tiny_data, tmp_path, caplog):
     assert _logged(logger, "perf/data_wait_frac")[-1] > 0.2
 
 
-def test_grad_norms_are_logged_per_layer(tiny_data, tmp_path):
-    logger = L.pytorch.loggers.CSVLogger(tmp_path)
+def test_grad_norms_are_logged_per_block_and_per_parameter_only_when_asked(tiny_data, tmp_path):
+    blocks = ["stem", "layer1", "layer2", "layer3", "layer4", "head"]
+    logger = L.pytorch.loggers.CSVLogger(tmp_path, name="blocks")
     trainer = _trainer(tmp_path, [GradNormLogger(every_n_steps=1)], logger=logger,
                        log_every_n_steps=1)
     trainer.fit(_model(), _data(tiny_data))
+    tags = {k for k in _columns(logger) if k.startswith("grad")}
+    assert tags == {f"grad_norm/{b}" for b in [*blocks, "total"]}
+    per_block = [_logged(logger, f"grad_norm/{b}")[0] for b in blocks]
+    total = _logged(logger, "grad_norm/total")[0]
+    assert min(per_block) > 0 and abs(sum(v * v for v in per_block) ** 0.5 - total) < 1e-3 * total
+
+    logger = L.pytorch.loggers.CSVLogger(tmp_path, name="params")
+    trainer = _trainer(tmp_path, [GradNormLogger(every_n_steps=1, per_parameter=True)],
+                       logger=logger, log_every_n_steps=1)
+    trainer.fit(_model(), _data(tiny_data))
     assert _logged(logger, "grad_2.0_norm/net.conv1.weight")[0] > 0
-    assert _logged(logger, "grad_2.0_norm_total")[0] > 0
 
 
 def test_healthy_run_passes_every_guard(tiny_data, tmp_path):
@@ -158,6 +173,6 @@ def test_overfit_fails_with_a_fully_frozen_model(tiny_data, tmp_path, capsys):
     model.requires_grad_(False)
     trainer = L.Trainer(max_steps=10, overfit_batches=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, limit_val_batches=0)
-    assert run_overfit(trainer, model, _data(tiny_data, augment_strength=0), 0.1) == 1
+    assert run_overfit(trainer, model, _data(tiny_data, augment=False), 0.1) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "every parameter is frozen" in out

@@ -150,7 +150,7 @@ def test_predict_writes_csv_matching_the_model_and_lists_bad_files(trained_run, 
     assert "broken.png" in result.stdout
 
     model = load_model(ckpt)
-    transform = eval_transforms(32, 0.875)
+    transform = eval_transforms(model.preprocessing)
     good = sorted(p for p in images.iterdir() if p.name != "broken.png")
     with torch.no_grad():
         probs = model(torch.stack([transform(decode(str(p))) for p in good])).softmax(-1)

@@ -133,7 +133,7 @@ EVERY_EPOCH = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint
 
 def test_resume_at_an_epoch_boundary_is_exact(tiny_data, tmp_path):
     common = ["--trainer.deterministic=true", "--data.num_workers=1",
-              "--model.optimizer=adamw", *EVERY_EPOCH]
+              "--model.optimizer=torch.optim.AdamW", *EVERY_EPOCH]
     straight = tmp_path / "straight"
     straight.mkdir()
     first = run_cli(["fit", *fit_args(tiny_data, *common, epochs=3)], cwd=straight)
@@ -221,6 +221,15 @@ def test_wrong_type_fails_naming_the_key(tiny_data, tmp_path):
     result = run_cli(["fit", *fit_args(tiny_data), "--trainer.max_epochs=many"], cwd=tmp_path)
     assert result.returncode != 0 and "max_epochs" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_out_of_range_setting_fails_in_one_line_naming_the_key(tiny_data, tmp_path):
+    result = run_cli(["fit", *fit_args(tiny_data), "--data.image_size=0"], cwd=tmp_path)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) <= 3, result.stderr[-3000:]  # no usage block, no torch error from a batch
+    assert lines[-1] == "error: data.image_size must be an integer >= 1, got 0"
+    assert not (tmp_path / "logs").exists()
 
 
 def test_checkpoint_of_other_classes_is_refused_before_any_work(trained_run, tmp_path):

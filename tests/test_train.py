@@ -20,7 +20,10 @@ def test_fit_logs_metrics_and_writes_loadable_checkpoints(tiny_data, tmp_path):
     # without pretrained weights every layer is new: the head gets no larger LR
     assert series["lr-SGD/head"] == series["lr-SGD/backbone"]
     lrs = [v for _, v in series["lr-SGD/backbone"]]
-    assert lrs[0] == pytest.approx(1e-4) and lrs == sorted(lrs)  # warmup from 1e-4, rising
+    # 6 steps: the 3-epoch warmup is clipped to 20 % of the run (1 step), then cosine
+    assert lrs[0] == pytest.approx(1e-4) and lrs[1] == pytest.approx(0.01)
+    assert lrs[1:] == sorted(lrs[1:], reverse=True)
+    assert "warmup of 3 epochs (9 steps) clipped to 1 steps" in result.stderr
 
     ckpts = run / "checkpoints"
     best = list(ckpts.glob("best-*.ckpt"))

@@ -32,7 +32,9 @@ def plain_container_modules(model: nn.Module) -> list[str]:
                 continue
             items = value.items() if isinstance(value, dict) else enumerate(value)
             for key, item in items:
-                if isinstance(item, nn.Module | nn.Parameter):
+                # a module without parameters (e.g. a transform) loses nothing there
+                if isinstance(item, nn.Parameter) or (
+                        isinstance(item, nn.Module) and next(item.parameters(), None) is not None):
                     where = f"{prefix}.{attr}" if prefix else attr
                     found.append(f"{where}[{key!r}] ({type(item).__name__})")
     return found
@@ -104,7 +106,9 @@ class InputCheck(Callback):
         if sum(stats["nonfinite"]) > 0:
             log.warning("WARNING: the training inputs contain %d NaN/Inf values: check the data "
                         "(python -m project check-data) and the transforms", sum(stats["nonfinite"]))
-        finite_max = max(abs(v) for v in stats["min"] + stats["max"] if abs(v) != float("inf"))
+        # default: every value non-finite (warned about above) leaves no finite value to judge
+        finite_max = max((abs(v) for v in stats["min"] + stats["max"] if abs(v) != float("inf")),
+                         default=0.0)
         if finite_max > self.max_abs:
             log.warning("WARNING: training inputs look un-normalised (values up to %.1f; expected "
                         "roughly -3..3): is the 0..255 -> 0..1 scaling or Normalize missing?",

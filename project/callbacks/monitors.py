@@ -9,42 +9,10 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import grad_norm
-from torch import nn
+
+from project.model.param_groups import param_blocks
 
 log = logging.getLogger("project")
-
-
-def param_blocks(net: nn.Module, head_name: str = "") -> dict[str, str]:
-    """Parameter name -> block: ``stem`` (single layers before the first block), the items of
-    the first long Sequential/ModuleList in each top-level module (``layer1.0``, ``features.3``,
-    ``encoder.layers.encoder_layer_5``; a ResNet stage of a few blocks stays ``layer1``), the
-    other top-level modules by name, and ``head``."""
-    blocks: dict[str, str] = {}
-    seen_block = False
-    head_top = head_name.split(".")[0]
-    for top, child in net.named_children():
-        names = [n for n, _ in child.named_parameters()]
-        if not names:
-            continue
-        if top == head_top:
-            blocks.update({f"{top}.{n}": "head" for n in names})
-            continue
-        if not list(child.children()):  # a single layer: part of the stem until a block is seen
-            blocks.update({f"{top}.{n}": "stem" if not seen_block else top for n in names})
-            continue
-        seen_block = True
-        inner = next((p for p, m in child.named_modules()
-                      if isinstance(m, nn.Sequential | nn.ModuleList) and len(m) >= LONG), None)
-        for n in names:
-            block = top
-            if inner is not None and n.startswith(f"{inner}." if inner else ""):
-                rest = n[len(inner) + 1:] if inner else n
-                block = ".".join(filter(None, [top, inner, rest.split(".")[0]]))
-            blocks[f"{top}.{n}"] = block
-    return blocks
-
-
-LONG = 6  # a container of at least this many items is split into its items
 
 
 class GradNormLogger(Callback):
@@ -127,7 +95,8 @@ class DataWaitMonitor(Callback):
                 "WARNING: %.0f%% of training time was spent waiting for data (threshold %.0f%%). "
                 "The loader is the bottleneck: raise data.num_workers (now %s), set "
                 "data.pin_memory=true on GPU, use data.cache=memory for small data sets, or "
-                "lighten data.augment_strength.", 100 * fraction, 100 * self.threshold, workers)
+                "lighten the augmentation (data.auto_augment=none).",
+                100 * fraction, 100 * self.threshold, workers)
 
 
 class OverfitHint(Callback):
@@ -151,9 +120,9 @@ class OverfitHint(Callback):
             self.hinted = True
             hint = (f"train/acc exceeds val/acc by {gap:.2f} (> {self.margin}) for {self.streak} "
                     "epochs: the model is overfitting. Try more data or stronger augmentation "
-                    "(data.augment_strength), regularisation (model.weight_decay, "
-                    "model.label_smoothing), or fewer epochs; and make sure evaluation runs in "
-                    "eval mode (Lightning does this for validation_step).")
+                    "(data.crop_scale, data.auto_augment, model.mixup_alpha), regularisation "
+                    "(model.weight_decay, model.label_smoothing), or fewer epochs; and make sure "
+                    "evaluation runs in eval mode (Lightning does this for validation_step).")
             log.warning("HINT: %s", hint)
             for logger in trainer.loggers:
                 writer = getattr(logger, "experiment", None)

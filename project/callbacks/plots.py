@@ -38,11 +38,9 @@ def confusion_figure(confusion: torch.Tensor, class_names: list[str], title: str
     return fig
 
 
-def image_grid_figure(
-    images: torch.Tensor, labels: list[str], title: str, normalised: bool = True
-) -> Figure:
-    """Images (N, 3, H, W) in a grid, each titled with its label."""
-    shown = denormalise(images) if normalised else images.float().clamp(0, 1)
+def image_grid_figure(images: torch.Tensor, labels: list[str], title: str) -> Figure:
+    """Normalised images (N, 3, H, W), as the transforms give them, in a grid with labels."""
+    shown = denormalise(images)
     cols = min(8, len(shown))
     rows = math.ceil(len(shown) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(1.6 * cols, 1.8 * rows), squeeze=False)

@@ -4,20 +4,33 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from functools import cached_property
+from pathlib import Path
 from typing import Literal
 
 import lightning as L
 import torch
-from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler  # no public export
 from torch.utils.data import DataLoader
 
 from project.data.datasets import ImageDataset, collate_skipping_bad
-from project.data.folders import FolderSplits, Sample, discover
+from project.data.folders import FolderSplits, Sample, check_fractions, discover
 from project.data.images import ImageCache, decoded_bytes
 from project.data.samplers import EpochSampler, class_balanced_weights
-from project.data.transforms import eval_transforms, train_transforms
-from project.errors import ConfigError
+from project.data.transforms import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    Augmentation,
+    AutoAugment,
+    Interpolation,
+    Preprocessing,
+    check_scale_agreement,
+    eval_transforms,
+    train_transforms,
+)
+from project.errors import ConfigError, require
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +48,12 @@ class FolderDataModule(L.LightningDataModule):
         pin_memory: page-locked batches for faster GPU copies; ``None``: on when on CUDA.
         persistent_workers: keep workers alive between epochs (no restart cost per epoch).
         prefetch_factor: batches each worker loads ahead; ``None`` keeps PyTorch's default.
-        augment_strength: 0 (no random augmentation) .. 1 (strong); see ``train_transforms``.
-        crop_ratio: evaluation crop / resize ratio (0.875 is the ImageNet convention).
+        augment: false turns every random augmentation off (the overfit check uses this).
+        hflip, vflip, crop_scale, color_jitter, auto_augment, random_erasing: the training
+            augmentation (see ``transforms.Augmentation``; README "Your own data" says what
+            suits photos, characters, medical and satellite images).
+        crop_ratio, interpolation, mean, std: evaluation preprocessing; null: that of the
+            model's pretrained weights (the CLI fills them in), else ImageNet's convention.
         val_fraction, test_fraction: held out per class when the split folders are missing.
         split_seed: seed of that split (kept apart from the training seed on purpose).
         balanced_sampling: draw training images with class-balanced weights
@@ -56,8 +73,17 @@ class FolderDataModule(L.LightningDataModule):
         pin_memory: bool | None = None,
         persistent_workers: bool = True,
         prefetch_factor: int | None = None,
-        augment_strength: float = 0.5,
-        crop_ratio: float = 0.875,
+        augment: bool = True,
+        hflip: float = 0.5,
+        vflip: float = 0.0,
+        crop_scale: tuple[float, float] = (0.35, 1.0),
+        color_jitter: float = 0.2,
+        auto_augment: AutoAugment = "none",
+        random_erasing: float = 0.0,
+        crop_ratio: float | None = None,
+        interpolation: Interpolation | None = None,
+        mean: list[float] | None = None,
+        std: list[float] | None = None,
         val_fraction: float = 0.15,
         test_fraction: float = 0.15,
         split_seed: int = 0,
@@ -67,6 +93,9 @@ class FolderDataModule(L.LightningDataModule):
         on_bad_image: Literal["skip", "error"] = "skip",
     ) -> None:
         super().__init__()
+        check_ranges(image_size=image_size, batch_size=batch_size, num_workers=num_workers,
+                     prefetch_factor=prefetch_factor, cache_gb=cache_gb)
+        check_fractions(val_fraction, test_fraction)
         data_dir = str(data_dir)  # a Path would make checkpoints unreadable with weights_only
         self.save_hyperparameters(logger=False)  # logged with the run summary
         self.data_dir = data_dir
@@ -76,21 +105,26 @@ class FolderDataModule(L.LightningDataModule):
         self.pin_memory = pin_memory
         self.persistent_workers = persistent_workers
         self.prefetch_factor = prefetch_factor
-        self.augment_strength = augment_strength
-        self.crop_ratio = crop_ratio
         self.val_fraction, self.test_fraction, self.split_seed = val_fraction, test_fraction, split_seed
         self.balanced_sampling = balanced_sampling
         self.cache, self.cache_gb = cache, cache_gb
         self.on_bad_image = on_bad_image
-        self.train_transform = train_transforms(image_size, augment_strength)  # validates early
-        self.eval_transform = eval_transforms(image_size, crop_ratio)
+        self.preprocessing = Preprocessing(  # validates early, before any work
+            image_size, 0.875 if crop_ratio is None else crop_ratio, interpolation or "bilinear",
+            tuple(mean or IMAGENET_MEAN), tuple(std or IMAGENET_STD))
+        self.augmentation = Augmentation(hflip, vflip, tuple(crop_scale), color_jitter, auto_augment,
+                                         random_erasing) if augment else None
+        if self.augmentation is not None:
+            check_scale_agreement(self.preprocessing, self.augmentation)
+        self.train_transform = train_transforms(self.preprocessing, self.augmentation)
+        self.eval_transform = eval_transforms(self.preprocessing)
         self.datasets: dict[str, ImageDataset] = {}
 
     def workers(self) -> int:
         """``num_workers``, or the automatic choice for the accelerator in use."""
         if self.num_workers is not None:
             return self.num_workers
-        on_cpu = self.trainer is None or self.trainer.accelerator.__class__.__name__ == "CPUAccelerator"
+        on_cpu = self.trainer is None or isinstance(self.trainer.accelerator, CPUAccelerator)
         return 0 if on_cpu else min(8, max(1, (os.cpu_count() or 2) - 1))
 
     @cached_property
@@ -114,12 +148,21 @@ class FolderDataModule(L.LightningDataModule):
     def make_dataset(self, split: str) -> ImageDataset:
         samples: list[Sample] = getattr(self.splits, split)
         if not samples:
-            raise ConfigError(
-                f"the {split} split of '{self.data_dir}' is empty: add a {split}/ folder with the "
-                f"same class folders as train/ (or set data.{split}_fraction above 0)"
-            )
+            raise ConfigError(f"the {split} split of '{self.data_dir}' is empty: "
+                              f"{self.empty_split_fix(split)}")
         transform = self.train_transform if split == "train" else self.eval_transform
         return ImageDataset(samples, transform, self.make_cache(samples, split), self.on_bad_image)
+
+    def empty_split_fix(self, split: str) -> str:
+        """With a train/ folder no test set is ever split off: only a test/ folder gives one."""
+        if not (Path(self.data_dir) / "train").is_dir():
+            if split == "train":
+                return "lower data.val_fraction and data.test_fraction, or add images"
+            return f"set data.{split}_fraction above 0, or add images"
+        if split == "test":
+            return ("add a test/ folder with the same class folders as train/ (data.test_fraction "
+                    "applies only to a folder without train/)")
+        return f"add a {split}/ folder with the same class folders as train/, or raise data.{split}_fraction"
 
     def make_cache(self, samples: list[Sample], split: str) -> ImageCache | None:
         if self.cache == "none":
@@ -144,7 +187,7 @@ class FolderDataModule(L.LightningDataModule):
 
     def _loader(self, dataset: ImageDataset, sampler: torch.utils.data.Sampler) -> DataLoader:
         trainer = self.trainer
-        on_cuda = trainer is not None and trainer.accelerator.__class__.__name__ == "CUDAAccelerator"
+        on_cuda = trainer is not None and isinstance(trainer.accelerator, CUDAAccelerator)
         workers = self.workers()
         return DataLoader(
             dataset,
@@ -184,6 +227,25 @@ class FolderDataModule(L.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self._eval_loader("test")
+
+
+# What each numeric setting allows; checked in __init__, so a bad value fails before any work.
+RANGES: dict[str, tuple[str, Callable[[float], bool]]] = {
+    "image_size": ("an integer >= 1", lambda v: v >= 1),
+    "batch_size": ("an integer >= 1", lambda v: v >= 1),
+    "num_workers": ("an integer >= 0 (or null: automatic)", lambda v: v >= 0),
+    "prefetch_factor": ("an integer >= 1 (or null: PyTorch's default)", lambda v: v >= 1),
+    "cache_gb": ("above 0 (data.cache=none turns the cache off)", lambda v: v > 0),
+}
+
+
+def check_ranges(**values: float | None) -> None:
+    """Raise :class:`ConfigError` naming the first out-of-range setting, instead of a torch
+    error at the first batch (jsonargparse's own range types would print the whole usage and
+    store their own classes in the checkpoints, which ``weights_only`` loading refuses)."""
+    for key, value in values.items():
+        allowed, ok = RANGES[key]
+        require(value is None or ok(value), f"data.{key}", f"must be {allowed}", value)
 
 
 def _global_seed() -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from project.common.files import IMAGE_EXTENSIONS, list_images
-from project.errors import ProjectError
+from project.errors import ProjectError, require
 
 SPLIT_NAMES = ("train", "val", "test")
 LAYOUT_HINT = (
@@ -108,10 +108,20 @@ def structure_problems(data_dir: str | Path) -> list[str]:
     return problems
 
 
+def check_fractions(val_fraction: float, test_fraction: float) -> None:
+    """Each in [0, 1) and their sum below 1: the rest is the training set (test_fraction=1 used to
+    divide by zero)."""
+    require(0 <= val_fraction < 1, "data.val_fraction", "must be in [0, 1)", val_fraction)
+    require(0 <= test_fraction < 1, "data.test_fraction", "must be in [0, 1)", test_fraction)
+    require(val_fraction + test_fraction < 1, "data.val_fraction + data.test_fraction",
+            "must be below 1 (the rest is the training set)", (val_fraction, test_fraction))
+
+
 def discover(
     data_dir: str | Path, val_fraction: float = 0.15, test_fraction: float = 0.15, seed: int = 0
 ) -> FolderSplits:
     """Read the folder layout; raise :class:`DataFolderError` with the fix when it is unusable."""
+    check_fractions(val_fraction, test_fraction)
     problems = structure_problems(data_dir)
     if problems:
         raise DataFolderError("; ".join(problems))

@@ -58,10 +58,6 @@ class ImageCache:
     def __len__(self) -> int:
         return len(self.shapes)
 
-    @property
-    def nbytes(self) -> int:
-        return int(self.buffer.numel())
-
     def __getitem__(self, i: int) -> torch.Tensor | None:
         if i in self.bad:
             return None

@@ -30,20 +30,17 @@ class EpochSampler(DistributedSampler):
         seed: int = 0,
         num_replicas: int = 1,
         rank: int = 0,
-        drop_last: bool = False,
     ) -> None:
         # Not calling DistributedSampler.__init__: it needs a dataset and a process group.
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
         self.num_items, self.shuffle, self.seed = num_items, shuffle, seed
-        self.num_replicas, self.rank, self.drop_last, self.epoch = num_replicas, rank, drop_last, 0
+        self.num_replicas, self.rank, self.epoch = num_replicas, rank, 0
+        self.drop_last = False  # read by Lightning as on a DistributedSampler; never dropped here
         self.weights = None if weights is None else torch.as_tensor(weights, dtype=torch.double)
         if self.weights is not None and len(self.weights) != num_items:
             raise ValueError("one weight per item is needed")
-        if drop_last:
-            self.num_samples = num_items // num_replicas
-        else:
-            self.num_samples = math.ceil(num_items / num_replicas)
+        self.num_samples = math.ceil(num_items / num_replicas)
         self.total_size = self.num_samples * num_replicas
 
     def set_epoch(self, epoch: int) -> None:

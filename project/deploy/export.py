@@ -23,7 +23,7 @@ from project.checkpoints import load_model, read_checkpoint
 from project.common.files import write_text
 from project.data.folders import discover
 from project.data.images import decode
-from project.data.transforms import eval_transforms
+from project.data.transforms import Preprocessing, eval_transforms
 from project.deploy import exporters
 from project.errors import ProjectError
 from project.runs import LOG_ROOT, resolve_checkpoint
@@ -42,10 +42,10 @@ def default_out_dir(ckpt: Path) -> Path:
         return Path("exports") / ckpt.stem
 
 
-def image_batches(paths: list[str], labels: list[int], image_size: int, crop_ratio: float,
+def image_batches(paths: list[str], labels: list[int], preprocessing: Preprocessing,
                   batch_size: int = 32) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Images through the evaluation transforms, in batches (unreadable files skipped)."""
-    transform = eval_transforms(image_size, crop_ratio)
+    transform = eval_transforms(preprocessing)
     for start in range(0, len(paths), batch_size):
         xs, ys = [], []
         for path, label in zip(paths[start:start + batch_size], labels[start:start + batch_size],
@@ -95,12 +95,13 @@ def export_checkpoint(ckpt_path: Path, out: Path, formats: list[str], data_dir: 
         raise ProjectError("INT8 calibration needs training images: pass --data_dir DIR")
     if "int8" in formats and "onnx" not in formats:
         formats = ["onnx", *formats]
-    size, crop = hp.image_size, hp.crop_ratio
+    size = hp.image_size
 
     def val_batches():
         if splits is None or not splits.val:
             return []
-        return image_batches([s.path for s in splits.val], [s.label for s in splits.val], size, crop)
+        return image_batches([s.path for s in splits.val], [s.label for s in splits.val],
+                             model.preprocessing)
 
     threads = torch.get_num_threads()
     inputs = {b: torch.randn(b, 3, size, size) for b in (1, 32)}
@@ -126,7 +127,7 @@ def export_checkpoint(ckpt_path: Path, out: Path, formats: list[str], data_dir: 
                     diff = exporters.export_onnx(model, net, path, tolerance)
                     measure(name, exporters.ort_runner(exporters.ort_session(path, threads)), path, diff)
                 elif name == "int8":
-                    _export_int8(out, splits, size, crop, calibration_images, calibration_method)
+                    _export_int8(out, splits, model.preprocessing, calibration_images, calibration_method)
                     run = exporters.ort_runner(exporters.ort_session(path, threads))
                     diff = float(max(np.abs(run(x) - net(x).numpy()).max()
                                      for x in exporters.parity_inputs(size)))
@@ -151,13 +152,13 @@ def export_checkpoint(ckpt_path: Path, out: Path, formats: list[str], data_dir: 
     return report
 
 
-def _export_int8(out: Path, splits, size: int, crop: float, n: int, method: str) -> None:
+def _export_int8(out: Path, splits, preprocessing: Preprocessing, n: int, method: str) -> None:
     from project.deploy.quantize import quantize_int8
 
     rng = np.random.default_rng(0)
     chosen = [splits.train[i] for i in rng.permutation(len(splits.train))[:n]]
     batches = (x.numpy() for x, _ in image_batches([s.path for s in chosen],
-                                                   [s.label for s in chosen], size, crop))
+                                                   [s.label for s in chosen], preprocessing))
     quantize_int8(out / FILES["onnx"], out / FILES["int8"], batches, method)
 
 

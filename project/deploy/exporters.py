@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 from project.common.files import atomic_path
-from project.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from project.errors import ProjectError
 
 PARITY_BATCHES = (1, 3, 8)
@@ -54,8 +53,9 @@ def onnx_metadata(model) -> dict[str, str]:
         "class_names": json.dumps(model.class_names),
         "image_size": str(hp.image_size),
         "crop_ratio": str(hp.crop_ratio),
-        "mean": json.dumps(list(IMAGENET_MEAN)),
-        "std": json.dumps(list(IMAGENET_STD)),
+        "interpolation": str(hp.interpolation),
+        "mean": json.dumps(list(hp.mean)),
+        "std": json.dumps(list(hp.std)),
         "backbone": hp.backbone,
         "input": "float32 NCHW RGB, scaled to 0..1 then normalised with mean/std",
         "output": "logits (apply softmax for probabilities)",

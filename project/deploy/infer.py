@@ -39,6 +39,9 @@ class OnnxClassifier:
         self.crop_ratio = float(meta["crop_ratio"])
         self.mean = np.asarray(json.loads(meta["mean"]), np.float32).reshape(3, 1, 1)
         self.std = np.asarray(json.loads(meta["std"]), np.float32).reshape(3, 1, 1)
+        resampling = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC,
+                      "nearest": Image.Resampling.NEAREST}
+        self.resampling = resampling[meta.get("interpolation", "bilinear")]
         self.input_name = self.session.get_inputs()[0].name
 
     def preprocess(self, rgb: np.ndarray) -> np.ndarray:
@@ -47,7 +50,7 @@ class OnnxClassifier:
         short = round(self.image_size / self.crop_ratio)
         # the short side becomes ``short``; the long side is truncated, as torchvision does
         size = (short, int(short * h / w)) if w <= h else (int(short * w / h), short)
-        img = Image.fromarray(rgb).resize(size, Image.Resampling.BILINEAR)
+        img = Image.fromarray(rgb).resize(size, self.resampling)
         top = int(round((img.height - self.image_size) / 2.0))
         left = int(round((img.width - self.image_size) / 2.0))
         img = img.crop((left, top, left + self.image_size, top + self.image_size))

@@ -55,8 +55,7 @@ def _collate(items):
 def predict_files(model, paths: list[str], top_k: int = 3, batch_size: int = 64,
                   num_workers: int = 0, device: str = "cpu") -> list[dict]:
     """Rows of {path, predicted, confidence, top-k, error}, in the order of ``paths``."""
-    hp = model.hparams
-    transform = eval_transforms(hp.image_size, hp.crop_ratio)
+    transform = eval_transforms(model.preprocessing)
     loader = DataLoader(_Files(paths, transform), batch_size=batch_size, num_workers=num_workers,
                         collate_fn=_collate)
     model = model.to(device).eval()

@@ -71,7 +71,7 @@ def overfit_causes(model: L.LightningModule) -> list[str]:
         "labels that do not match the images (check the class folders)",
         "layers not registered as parameters, e.g. in a plain list (the run's start-up check "
         "names them), or a frozen backbone (model.freeze_backbone_epochs)",
-        "random augmentation on the batch (this check sets data.augment_strength=0; an override "
+        "random augmentation on the batch (this check sets data.augment=false; an override "
         "may have turned it back on)",
     ]
     return causes
@@ -84,7 +84,7 @@ def overfit(argv: list[str]) -> int:
     p.add_argument("--target", type=float, default=0.1,
                    help="PASS when the loss falls to this fraction of its first value")
     a, overrides = p.parse_known_args(argv)
-    cli = build(["--data.augment_strength=0", "--trainer.overfit_batches=1",
+    cli = build(["--data.augment=false", "--trainer.overfit_batches=1",
                  "--trainer.limit_val_batches=0", "--trainer.num_sanity_val_steps=0",
                  f"--trainer.max_steps={a.steps}", f"--trainer.max_epochs={a.steps}",
                  "--model.warmup_epochs=0"], overrides)

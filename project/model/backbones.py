@@ -19,7 +19,7 @@ from project.errors import ProjectError
 
 log = logging.getLogger(__name__)
 IMAGENET_CLASSES = 1000
-WEIGHT_FILE_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
+WEIGHT_FILE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
 SCRATCH = (None, "", "none", "null")
 
 
@@ -57,7 +57,8 @@ def _load(name: str, weights: str | None) -> tuple[nn.Module, bool, str]:
         return torchvision.models.get_model(name, weights=None), False, "random init (weights: null)"
     path = Path(weights).expanduser()
     if path.suffix in WEIGHT_FILE_SUFFIXES or path.exists():
-        return _load_file(name, path), True, f"loaded from {path}"
+        net, note = _load_file(name, path)
+        return net, True, note
     enum = torchvision.models.get_model_weights(name)
     try:
         spec = enum[weights]
@@ -78,23 +79,49 @@ def _load(name: str, weights: str | None) -> tuple[nn.Module, bool, str]:
     return net, True, f"pretrained {spec} from {source}"
 
 
-def _load_file(name: str, path: Path) -> nn.Module:
+def _load_file(name: str, path: Path) -> tuple[nn.Module, str]:
+    """``name`` with the weights of a file: a torchvision state dict, one with another head, or a
+    checkpoint of this template (any classes). The file's classification layer is dropped
+    whenever its shape differs (a new head is made for this data); any other layer that does
+    not fit fails, naming the keys."""
     if not path.is_file():
         raise WeightsError(f"model.weights file '{path}' does not exist")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
         raise WeightsError(f"model.weights file '{path}' is not a readable state dict: {err}") from err
-    state = state.get("state_dict", state) if isinstance(state, dict) else state
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]  # a Lightning checkpoint (this template's: keys net.*)
+    if not isinstance(state, dict):
+        raise WeightsError(f"model.weights file '{path}' holds a {type(state).__name__}, not a state dict")
     net = torchvision.models.get_model(name, weights=None)
-    result = net.load_state_dict(state, strict=False)
-    if result.missing_keys or result.unexpected_keys:
+    own = net.state_dict()
+    state = _strip_prefix(state, own)
+    head = find_head(net)
+    fits = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+    dropped = sorted(k for k in state if k not in fits)
+    missing = sorted(k for k in own if k not in fits and not k.startswith(f"{head}."))
+    if missing or not fits:
+        shapes = [f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in dropped if k in own]
+        detail = f"; other shapes: {', '.join(shapes[:3])}" if shapes else ""
         raise WeightsError(
-            f"model.weights file '{path}' does not fit {name}: {len(result.missing_keys)} missing "
-            f"keys (e.g. {result.missing_keys[:3]}), {len(result.unexpected_keys)} unexpected keys "
-            f"(e.g. {result.unexpected_keys[:3]}). It must be a full ImageNet state dict of {name}."
-        )
-    return net
+            f"model.weights file '{path}' does not fit {name}: {len(missing)} of its layers are "
+            f"missing or of another shape (e.g. {missing[:5]}{detail}). Use a state dict or "
+            f"checkpoint of a {name}, or set model.backbone to the file's model.")
+    net.load_state_dict(fits, strict=False)
+    note = f"loaded {len(fits)} tensors from {path}"
+    if dropped:
+        note += f"; dropped {', '.join(dropped)} (the file's head: a new {head} is trained)"
+    log.info("Weights: %s", note)
+    return net, note
+
+
+def _strip_prefix(state: dict, own: dict) -> dict:
+    """Remove a wrapper prefix (``net.``, ``model.``, ``module.``) so the keys match ``own``."""
+    for prefix in ("net.", "model.", "module.", "backbone."):
+        if not any(k in own for k in state) and any(k.startswith(prefix) for k in state):
+            state = {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
+    return state
 
 
 def warn_no_weights(name: str, spec: str, cached: Path, reason: str) -> None:
@@ -136,3 +163,20 @@ def replace_head(net: nn.Module, num_classes: int) -> str:
     if hasattr(net, "num_classes"):
         net.num_classes = num_classes
     return name
+
+
+def weights_preprocessing(name: str, weights: str | None) -> dict:
+    """Evaluation preprocessing of torchvision weights (crop ratio, interpolation, mean, std),
+    read from the weights' own ``transforms()`` without loading them; ImageNet's convention
+    for files and random weights."""
+    out = {"crop_ratio": 0.875, "interpolation": "bilinear", "mean": [0.485, 0.456, 0.406],
+           "std": [0.229, 0.224, 0.225]}
+    if weights is None or str(weights).strip().lower() in SCRATCH:
+        return out
+    try:
+        spec = torchvision.models.get_model_weights(name)[weights]
+    except (KeyError, ValueError):
+        return out  # a file: assume the ImageNet convention
+    t = spec.transforms()
+    return {"crop_ratio": t.crop_size[0] / t.resize_size[0], "interpolation": t.interpolation.value,
+            "mean": list(t.mean), "std": list(t.std)}

@@ -18,7 +18,9 @@ from lightning.pytorch.cli import OptimizerCallable
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics.classification import MulticlassAccuracy
+from torchvision.transforms import v2
 
+from project.data.transforms import Interpolation, Preprocessing
 from project.errors import ConfigError, require
 from project.model import backbones
 from project.model.metrics import HP_METRICS, BestSoFar, StageMetrics, loggable
@@ -37,6 +39,18 @@ def default_optimizer(params) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.01, momentum=0.9, weight_decay=1e-4)
 
 
+def batch_mixing(num_classes: int, mixup_alpha: float, cutmix_alpha: float) -> v2.Transform | None:
+    """torchvision's MixUp and/or CutMix on a whole batch (one of the two per batch if both)."""
+    mixes = []
+    if mixup_alpha > 0:
+        mixes.append(v2.MixUp(alpha=mixup_alpha, num_classes=num_classes))
+    if cutmix_alpha > 0:
+        mixes.append(v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes))
+    if not mixes:
+        return None
+    return mixes[0] if len(mixes) == 1 else v2.RandomChoice(mixes)
+
+
 class ImageClassifier(L.LightningModule):
     """Transfer learning for image classification.
 
@@ -44,18 +58,25 @@ class ImageClassifier(L.LightningModule):
         num_classes, class_names: linked from the data module by the CLI; saved in checkpoints.
         backbone: any torchvision classification model name (resnet18, efficientnet_b0, ...).
         weights: ``DEFAULT`` (ImageNet), another torchvision weights name, a .pth file, or null.
-        image_size, crop_ratio: linked from the data; kept so export and predict need no data.
+        image_size: linked from the data; kept so export and predict need no data.
+        crop_ratio, interpolation, mean, std: evaluation preprocessing; null: that of the
+            pretrained weights (``weights.transforms()``), else ImageNet's convention. The CLI
+            passes the data module's values; stored in the checkpoint and the ONNX metadata.
         optimizer: a ``torch.optim`` class with its settings (``class_path``/``init_args`` in
             the config), called on the parameter groups made here; null: SGD, momentum 0.9,
             weight decay 1e-4. Its ``lr`` is ignored: ``lr`` below sets every group's LR.
         lr: learning rate of the backbone for ``base_batch_size`` images per step.
         head_lr_mult: the new head learns this many times faster than the pretrained body
             (1 when there are no pretrained weights: then every layer is new).
+        layer_decay: timm-style layer-wise LR decay (e.g. 0.7): each backbone block learns this
+            many times slower than the next one; null: one LR for the whole backbone.
         warmup_epochs, warmup_start_lr: linear warmup from ``warmup_start_lr``, then cosine.
         min_lr: the LR the cosine ends at.
         freeze_backbone_epochs: train the head only for this many epochs: the backbone gets no
             gradients and its norm layers stay in eval mode (their statistics do not move).
         label_smoothing: cross-entropy label smoothing.
+        mixup_alpha, cutmix_alpha: MixUp / CutMix of training batches (Beta(alpha, alpha)
+            mixing; 0: off; both set: one of the two per batch). Targets become soft.
         class_weights: per-class loss weights, ``balanced`` (inverse frequency) or null.
         lr_scaling, base_batch_size: adapt ``lr`` to the global batch (devices x nodes x accum).
         channels_last, compile: speed options (channels-last memory format, torch.compile).
@@ -68,15 +89,21 @@ class ImageClassifier(L.LightningModule):
         backbone: str = "resnet18",
         weights: str | None = "DEFAULT",
         image_size: int = 224,
-        crop_ratio: float = 0.875,
+        crop_ratio: float | None = None,
+        interpolation: Interpolation | None = None,
+        mean: list[float] | None = None,
+        std: list[float] | None = None,
         optimizer: OptimizerCallable | None = None,
         lr: float = 0.01,
         head_lr_mult: float = 10.0,
+        layer_decay: float | None = None,
         warmup_epochs: float = 3.0,
         warmup_start_lr: float = 1e-4,
         min_lr: float = 0.0,
         freeze_backbone_epochs: int = 0,
         label_smoothing: float = 0.0,
+        mixup_alpha: float = 0.0,
+        cutmix_alpha: float = 0.0,
         class_weights: list[float] | Literal["balanced"] | None = None,
         lr_scaling: LrScaling = "none",
         base_batch_size: int = 64,
@@ -91,9 +118,20 @@ class ImageClassifier(L.LightningModule):
         require(head_lr_mult > 0, "model.head_lr_mult", "must be above 0", head_lr_mult)
         require(base_batch_size >= 1, "model.base_batch_size", "must be 1 or more", base_batch_size)
         require(0 <= label_smoothing < 1, "model.label_smoothing", "must be in [0, 1)", label_smoothing)
+        require(mixup_alpha >= 0 and cutmix_alpha >= 0, "model.mixup_alpha/cutmix_alpha",
+                "must be 0 or more", (mixup_alpha, cutmix_alpha))
+        require(layer_decay is None or 0 < layer_decay <= 1, "model.layer_decay", "must be in (0, 1]",
+                layer_decay)
         if class_names is not None and len(class_names) != num_classes:
             raise ConfigError(f"{len(class_names)} class_names for num_classes={num_classes}")
         self.save_hyperparameters(logger=False)  # logged with the run summary instead
+        resolved = backbones.weights_preprocessing(backbone, weights)
+        given = {"crop_ratio": crop_ratio, "interpolation": interpolation, "mean": mean, "std": std}
+        self.hparams.update({k: resolved[k] if v is None else v for k, v in given.items()})
+        self.preprocessing = Preprocessing(image_size, self.hparams.crop_ratio,
+                                           self.hparams.interpolation, tuple(self.hparams.mean),
+                                           tuple(self.hparams.std))
+        self.mixing = batch_mixing(num_classes, mixup_alpha, cutmix_alpha)
         if optimizer is not None and not isinstance(self.hparams.optimizer, dict):
             # built in Python rather than from a config: keep checkpoints free of code objects
             self.hparams.optimizer = {"class_path": getattr(optimizer, "__qualname__", str(optimizer))}
@@ -170,8 +208,11 @@ class ImageClassifier(L.LightningModule):
         if batch is None:  # every image of this batch was undecodable and skipped
             return None
         x, y = batch
+        target = y
+        if self.mixing is not None:
+            x, target = self.mixing(x, y)  # soft targets; accuracy still against the labels
         logits = self(x)
-        loss = self.loss(logits, y)
+        loss = self.loss(logits, target)
         self.train_acc(logits, y)
         self.log("train/loss", loss, prog_bar=True, batch_size=len(y))
         self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, prog_bar=True)
@@ -220,7 +261,8 @@ class ImageClassifier(L.LightningModule):
 
     def param_groups(self) -> list[dict]:
         """Backbone and head, each split into decayed weights and undecayed norms/biases."""
-        return make_param_groups(self.net, self.head_name, self.effective_lr, self.head_lr_mult)
+        return make_param_groups(self.net, self.head_name, self.effective_lr, self.head_lr_mult,
+                                 self.hparams.layer_decay)
 
     def configure_optimizers(self):
         hp = self.hparams

@@ -16,25 +16,67 @@ def no_decay(name: str, param: nn.Parameter) -> bool:
     return param.ndim <= 1 or name.endswith(".bias")
 
 
-def make_param_groups(net: nn.Module, head_name: str, lr: float, head_lr_mult: float) -> list[dict]:
-    """Up to four named groups: ``backbone``, ``backbone_no_decay``, ``head``, ``head_no_decay``.
+def make_param_groups(net: nn.Module, head_name: str, lr: float, head_lr_mult: float,
+                      layer_decay: float | None = None) -> list[dict]:
+    """Named groups: ``backbone``, ``backbone_no_decay``, ``head``, ``head_no_decay``.
 
-    Decayed groups take the optimiser's own ``weight_decay``; the others set it to 0. Empty
-    groups are left out.
+    Decayed groups take the optimiser's own ``weight_decay``; the others set it to 0. With
+    ``layer_decay`` (timm's layer-wise LR decay) the backbone is split further by block
+    (``backbone.layer3``, ...): the last block learns at ``lr``, each earlier one ``layer_decay``
+    times slower, so the generic early features move least. Empty groups are left out.
     """
+    blocks = param_blocks(net, head_name)
+    order = list(dict.fromkeys(b for b in blocks.values() if b != "head"))
     head_prefix = f"{head_name}."
-    buckets: dict[str, list[nn.Parameter]] = {
-        "backbone": [], "backbone_no_decay": [], "head": [], "head_no_decay": []}
+    buckets: dict[str, tuple[float, list[nn.Parameter]]] = {}
     for name, param in net.named_parameters():
-        part = "head" if name.startswith(head_prefix) else "backbone"
-        buckets[part + ("_no_decay" if no_decay(name, param) else "")].append(param)
+        if name.startswith(head_prefix):
+            part, scale = "head", head_lr_mult
+        elif layer_decay is None:
+            part, scale = "backbone", 1.0
+        else:
+            block = blocks.get(name, order[0] if order else "stem")
+            depth = order.index(block) if block in order else 0
+            part, scale = f"backbone.{block}", layer_decay ** (len(order) - depth)
+        key = part + ("_no_decay" if no_decay(name, param) else "")
+        buckets.setdefault(key, (scale, []))[1].append(param)
     groups = []
-    for name, params in buckets.items():
-        if not params:
-            continue
-        group: dict = {"params": params, "name": name,
-                       "lr": lr * (head_lr_mult if name.startswith("head") else 1.0)}
+    for name, (scale, params) in buckets.items():
+        group: dict = {"params": params, "name": name, "lr": lr * scale}
         if name.endswith("_no_decay"):
             group["weight_decay"] = 0.0
         groups.append(group)
     return groups
+
+
+def param_blocks(net: nn.Module, head_name: str = "") -> dict[str, str]:
+    """Parameter name -> block: ``stem`` (single layers before the first block), the items of
+    the first long Sequential/ModuleList in each top-level module (``layer1.0``, ``features.3``,
+    ``encoder.layers.encoder_layer_5``; a ResNet stage of a few blocks stays ``layer1``), the
+    other top-level modules by name, and ``head``."""
+    blocks: dict[str, str] = {}
+    seen_block = False
+    head_top = head_name.split(".")[0]
+    for top, child in net.named_children():
+        names = [n for n, _ in child.named_parameters()]
+        if not names:
+            continue
+        if top == head_top:
+            blocks.update({f"{top}.{n}": "head" for n in names})
+            continue
+        if not list(child.children()):  # a single layer: part of the stem until a block is seen
+            blocks.update({f"{top}.{n}": "stem" if not seen_block else top for n in names})
+            continue
+        seen_block = True
+        inner = next((p for p, m in child.named_modules()
+                      if isinstance(m, nn.Sequential | nn.ModuleList) and len(m) >= LONG), None)
+        for n in names:
+            block = top
+            if inner is not None and n.startswith(f"{inner}." if inner else ""):
+                rest = n[len(inner) + 1:] if inner else n
+                block = ".".join(filter(None, [top, inner, rest.split(".")[0]]))
+            blocks[f"{top}.{n}"] = block
+    return blocks
+
+
+LONG = 6  # a container of at least this many items is split into its items

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 from collections.abc import Callable
 from typing import Literal
 
 from project.errors import ConfigError
 
+log = logging.getLogger("project")
 LrScaling = Literal["none", "linear", "sqrt"]
+MAX_WARMUP_SHARE = 0.2  # the largest share of a run that warmup may take
 
 
 def scaled_lr(lr: float, global_batch: int, base_batch: int, rule: LrScaling) -> float:
@@ -60,6 +64,25 @@ def frozen_until(steps: int, inner: Callable[[int], float]) -> Callable[[int], f
     return factor
 
 
+def warmup_steps(warmup_epochs: float, per_epoch: int, total: int,
+                 max_share: float = MAX_WARMUP_SHARE) -> int:
+    """Warmup length in steps, at most ``max_share`` of the run: a 3-epoch warmup must not eat
+    a 3-epoch run whole. Says so in one line when it clips."""
+    wanted = round(warmup_epochs * per_epoch)
+    cap = int(max_share * total)
+    if wanted > cap:
+        _clip_notice(warmup_epochs, wanted, cap, total, max_share)
+        return cap
+    return wanted
+
+
+@functools.lru_cache(maxsize=8)  # once per run, not once per parameter group
+def _clip_notice(warmup_epochs: float, wanted: int, cap: int, total: int, share: float) -> None:
+    log.info("Notice: warmup of %g epochs (%d steps) clipped to %d steps, %.0f%% of the run's "
+             "%d steps (set model.warmup_epochs lower to silence this).",
+             warmup_epochs, wanted, cap, 100 * share, total)
+
+
 def step_schedule(
     lengths: Callable[[], tuple[int, int]],
     warmup_epochs: float,
@@ -81,7 +104,8 @@ def step_schedule(
             if step == 0:
                 return 0.0 if frozen_epochs > 0 else (start_factor if warmup_epochs > 0 else 1.0)
             per_epoch, total = lengths()
-            inner = warmup_cosine(round(warmup_epochs * per_epoch), total, start_factor, end_factor)
+            inner = warmup_cosine(warmup_steps(warmup_epochs, per_epoch, total), total,
+                                  start_factor, end_factor)
             resolved.append(frozen_until(round(frozen_epochs * per_epoch), inner))
         return resolved[0](step)
 
