@@ -14,7 +14,8 @@ INPUT  ?= $(DEMO)/test
 DATA_DIR ?= $(DEMO)
 
 .PHONY: help install data train train-ddp resume evaluate predict export check-data overfit \
-        lr-find find-batch-size profile test test-fast lint tensorboard bench notebooks clean
+        lr-find find-batch-size profile test test-fast lint tensorboard bench bench-accuracy notebooks \
+        clean
 
 help: ## List the targets
 	@echo "Usage: make TARGET [ARGS=\"--key=value ...\"]"
@@ -72,6 +73,9 @@ test-fast: $(STAMP) ## Run the tests without the slow and multi-process ones
 
 bench: data ## Speed tables: template vs plain loop, data pipeline, start-up, inference
 	$(PY) -m benchmarks.bench $(ARGS)
+
+bench-accuracy: $(STAMP) ## Accuracy per minute: template vs plain loop on real digits (about 30 min)
+	$(PY) -m benchmarks.accuracy $(ARGS)
 
 notebooks: $(STAMP) ## Open Jupyter on the teaching notebooks
 	$(VENV)/bin/pip install --quiet --editable ".[dev,notebooks]"

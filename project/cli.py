@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
@@ -24,6 +25,7 @@ from project.data import FolderDataModule
 from project.errors import CheckpointError, ProjectError
 from project.model import ImageClassifier
 from project.model.backbones import weights_preprocessing
+from project.model.classifier import check_tta
 from project.runs import last_checkpoint, newest_run, resolve_checkpoint
 
 log = logging.getLogger("project")
@@ -38,9 +40,13 @@ class FitConfigSaver(SaveConfigCallback):
 
 
 class ProjectCLI(LightningCLI):
-    def __init__(self, args: list[str] | None = None, run: bool = True, tool: bool = False) -> None:
-        """``tool``: a diagnosis run (overfit, LR finder): guards only, no saved config."""
+    def __init__(self, args: list[str] | None = None, run: bool = True, tool: bool = False,
+                 model_overrides: dict | None = None) -> None:
+        """``tool``: a diagnosis run (overfit, LR finder): guards only, no saved config.
+        ``model_overrides``: model settings that win over a checkpoint's stored ones (Lightning
+        takes ``model.*`` from ``--ckpt_path``'s hyperparameters, above the command line)."""
         self.tool = tool
+        self.model_overrides = model_overrides or {}
         super().__init__(
             ImageClassifier,
             FolderDataModule,
@@ -69,6 +75,8 @@ class ProjectCLI(LightningCLI):
         if self.tool:
             return
         config = self.config[self.subcommand] if self.subcommand else self.config
+        for key, value in self.model_overrides.items():
+            config.model[key] = value
         self._preprocessing_from_weights(config)
         trainer = config.trainer
         self._add_required_callbacks(trainer)
@@ -146,9 +154,28 @@ def evaluate(argv: list[str]) -> int:
     spec = argv[0] if argv and not argv[0].startswith("-") else None
     ckpt = resolve_checkpoint(spec)
     run = ckpt.parent.parent
-    overrides = argv[1:] if spec else argv
-    ProjectCLI(args=["test", *_run_args(run), f"--ckpt_path={ckpt}", "--verbose=false", *overrides])
+    overrides, tta = _pop_option(argv[1:] if spec else argv, "--tta")
+    if tta:
+        config = yaml.safe_load((run / "config.yaml").read_text()) if (run / "config.yaml").is_file() else {}
+        check_tta(tta, (config.get("data") or {}).get("hflip"))
+    ProjectCLI(args=["test", *_run_args(run), f"--ckpt_path={ckpt}", "--verbose=false", *overrides],
+               model_overrides={"tta": tta} if tta else None)
     return 0
+
+
+def _pop_option(argv: list[str], name: str) -> tuple[list[str], str | None]:
+    """``argv`` without ``name VALUE`` / ``name=VALUE``, and that value."""
+    rest, value, i = [], None, 0
+    while i < len(argv):
+        if argv[i] == name and i + 1 < len(argv):
+            value, i = argv[i + 1], i + 2
+            continue
+        if argv[i].startswith(name + "="):
+            value = argv[i].split("=", 1)[1]
+        else:
+            rest.append(argv[i])
+        i += 1
+    return rest, value
 
 
 def _resolve_ckpt_alias(argv: list[str]) -> list[str]:

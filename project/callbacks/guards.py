@@ -138,8 +138,8 @@ class NonFiniteGuard(Callback):
         named = [(n, p.grad) for n, p in pl_module.named_parameters() if p.grad is not None]
         if not named:
             return
-        # one fused kernel for all layers, one host sync per step
-        norms = torch.stack(torch._foreach_norm([g.detach() for _, g in named])).float()
+        # one norm per tensor, one host sync per step
+        norms = torch.stack([torch.linalg.vector_norm(g.detach()).float() for _, g in named])
         if bool(torch.isfinite(norms).all()):
             self.overflows = 0
             self.previous = (norms, [n for n, _ in named])  # read only for a diagnosis

@@ -76,6 +76,19 @@ def write_report(result: dict, class_names: list[str], checkpoint: str, out_dir:
     return report
 
 
+def add_tta(report: dict, tta: dict, policy: str, out_dir: Path) -> None:
+    """Test-time augmentation's numbers beside the plain ones, in the report files too."""
+    report["tta"] = {"policy": policy, "accuracy": float(tta["test_tta/acc"]),
+                     "f1_macro": float(tta["test_tta/f1_macro"]), "loss": float(tta["test_tta/loss"])}
+    line = (f"Test-time augmentation ({policy}): accuracy {report['tta']['accuracy']:.4f} "
+            f"(plain {report['accuracy']:.4f}), macro F1 {report['tta']['f1_macro']:.4f} "
+            f"(plain {report['f1_macro']:.4f})")
+    print(line)
+    write_text(out_dir / "report.json", json.dumps(report, indent=2))
+    md = out_dir / "report.md"
+    write_text(md, md.read_text(encoding="utf-8") + f"\n{line}\n")
+
+
 class TestReport(Callback):
     """After ``test``: print the per-class table and write the report files."""
 
@@ -85,4 +98,8 @@ class TestReport(Callback):
         result = getattr(pl_module, "results", {}).get("test")
         if result is None or not trainer.is_global_zero:
             return
-        write_report(result, pl_module.class_names, str(ckpt or "(in-memory model)"), out_dir)
+        report = write_report(result, pl_module.class_names, str(ckpt or "(in-memory model)"),
+                              out_dir)
+        tta = pl_module.results.get("test_tta")
+        if tta is not None:
+            add_tta(report, tta, pl_module.hparams.tta, out_dir)

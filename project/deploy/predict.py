@@ -15,11 +15,12 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from project.checkpoints import load_model
+from project.checkpoints import load_model, read_checkpoint
 from project.common.files import atomic_path, list_images
 from project.data.images import decode
 from project.data.transforms import eval_transforms
 from project.errors import ProjectError
+from project.model.classifier import check_tta
 from project.runs import resolve_checkpoint
 
 
@@ -67,7 +68,9 @@ def predict_files(model, paths: list[str], top_k: int = 3, batch_size: int = 64,
             rows[i] = {"path": paths[i], "predicted": "", "confidence": "", "error": error}
         if images is None:
             continue
-        probs = model(images.to(device)).float().softmax(-1).cpu()
+        x = images.to(device)
+        probs = model.predict_tta(x) if model.hparams.tta == "hflip" else model(x).softmax(-1)
+        probs = probs.float().cpu()
         top_p, top_i = probs.topk(k, dim=-1)
         for i, p, c in zip(indices, top_p.tolist(), top_i.tolist(), strict=True):
             row = {"path": paths[i], "predicted": names[c[0]], "confidence": f"{p[0]:.6f}"}
@@ -97,9 +100,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--num_workers", type=int, default=0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--tta", default="none", choices=["none", "hflip"],
+                   help="hflip: average each image's probabilities with its mirror image's")
     a = p.parse_args(argv)
     ckpt = resolve_checkpoint(a.ckpt_path)
+    data_hparams = read_checkpoint(ckpt, mmap=True).get("datamodule_hyper_parameters", {})
+    check_tta(a.tta, data_hparams.get("hflip"))
     model = load_model(ckpt)
+    model.hparams.tta = a.tta
     paths = input_files(a.input)
     if not paths:
         raise ProjectError(f"no image files in '{a.input}'")

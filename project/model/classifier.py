@@ -39,6 +39,16 @@ def default_optimizer(params) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.01, momentum=0.9, weight_decay=1e-4)
 
 
+def check_tta(policy: str, train_hflip: float | None) -> None:
+    """Mirror-image TTA only for a model trained with flips: with ``data.hflip: 0`` (digits,
+    text) a mirrored image is not of the same class."""
+    require(policy in ("none", "hflip"), "--tta", "must be none or hflip", policy)
+    if policy == "hflip" and train_hflip == 0:
+        raise ConfigError("--tta hflip: this model was trained without horizontal flips "
+                          "(data.hflip: 0), so mirrored images are not of its classes; leave "
+                          "--tta off")
+
+
 def batch_mixing(num_classes: int, mixup_alpha: float, cutmix_alpha: float) -> v2.Transform | None:
     """torchvision's MixUp and/or CutMix on a whole batch (one of the two per batch if both)."""
     mixes = []
@@ -80,6 +90,9 @@ class ImageClassifier(L.LightningModule):
         class_weights: per-class loss weights, ``balanced`` (inverse frequency) or null.
         lr_scaling, base_batch_size: adapt ``lr`` to the global batch (devices x nodes x accum).
         channels_last, compile: speed options (channels-last memory format, torch.compile).
+        tta: test-time augmentation for ``test``/``evaluate``: ``hflip`` averages the
+            probabilities of each image and its mirror image, logged as ``test_tta/...`` beside
+            the plain ``test/...`` numbers.
     """
 
     def __init__(
@@ -109,6 +122,7 @@ class ImageClassifier(L.LightningModule):
         base_batch_size: int = 64,
         channels_last: bool = True,
         compile: bool = False,
+        tta: Literal["none", "hflip"] = "none",
     ) -> None:
         super().__init__()
         for key, value in (("lr", lr), ("warmup_epochs", warmup_epochs), ("min_lr", min_lr),
@@ -148,6 +162,7 @@ class ImageClassifier(L.LightningModule):
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_metrics = StageMetrics("val", self.class_names)
         self.test_metrics = StageMetrics("test", self.class_names)
+        self.test_tta_metrics = StageMetrics("test_tta", self.class_names)
         self.val_acc_best = BestSoFar()
         self.results: dict[str, dict[str, torch.Tensor]] = {}  # last computed, for callbacks
         self.effective_lr = lr
@@ -230,6 +245,14 @@ class ImageClassifier(L.LightningModule):
 
     def test_step(self, batch, batch_idx: int) -> None:
         self._eval_step(batch, self.test_metrics)
+        if self.hparams.tta != "none" and batch is not None:
+            x, y = batch
+            log_probs = self.predict_tta(x).log()  # works as logits: softmax gives it back
+            self.test_tta_metrics.update(log_probs, y, self.loss(log_probs, y))
+
+    def predict_tta(self, x: torch.Tensor) -> torch.Tensor:
+        """Mean probabilities of ``x`` and its horizontal mirror."""
+        return (self(x).softmax(-1) + self(x.flip(-1)).softmax(-1)) / 2
 
     def predict_step(self, batch, batch_idx: int) -> torch.Tensor:
         x = batch[0] if isinstance(batch, list | tuple) else batch
@@ -251,6 +274,8 @@ class ImageClassifier(L.LightningModule):
 
     def on_test_epoch_end(self) -> None:
         self._eval_epoch_end(self.test_metrics)
+        if self.hparams.tta != "none":
+            self._eval_epoch_end(self.test_tta_metrics)
 
     # -- optimisation --------------------------------------------------------------------
     @property
