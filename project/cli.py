@@ -25,7 +25,7 @@ from project.data import FolderDataModule
 from project.errors import CheckpointError, ProjectError
 from project.model import ImageClassifier
 from project.model.backbones import weights_preprocessing
-from project.model.classifier import check_tta
+from project.model.recipe import check_tta
 from project.runs import last_checkpoint, newest_run, resolve_checkpoint
 
 log = logging.getLogger("project")

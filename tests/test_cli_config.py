@@ -69,3 +69,30 @@ def test_ddp_preset_runs_on_cpu_with_sync_batchnorm_turned_off(tiny_data, tmp_pa
     assert result.returncode == 0, result.stderr[-3000:]
     assert "sync_batchnorm turned off" in result.stderr
     assert "SyncBatchNorm layers only work with GPU" not in result.stderr
+
+
+def test_profile_preset_leaves_no_checkpoint_for_later_commands_to_pick(tiny_data, tmp_path):
+    result = run_cli(["fit", *fit_args(tiny_data, "--config", str(REPO / "configs/presets/profile.yaml"),
+                                       "--trainer.limit_train_batches=2",
+                                       "--trainer.limit_val_batches=1")], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "logs" / "profile").is_dir()
+    assert not list((tmp_path / "logs").rglob("*.ckpt"))
+
+
+def test_inference_lists_images_exactly_as_training_does(tmp_path):
+    from project.common.files import list_images
+    from project.deploy.infer import image_paths
+    from project.deploy.predict import input_files
+
+    root = tmp_path / "images"
+    (root / "a").mkdir(parents=True)
+    (root / ".hidden").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    for path in (root / "a" / "x.png", root / "a" / ".y.png", root / ".hidden" / "z.png",
+                 tmp_path / "elsewhere" / "w.JPG", root / "a" / "notes.txt"):
+        path.write_bytes(b"")
+    (root / "linked").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    expected = [str(root / "a" / "x.png"), str(root / "linked" / "w.JPG")]
+    assert list_images(root) == expected  # hidden files and folders skipped, links followed
+    assert image_paths(root) == expected == input_files(root)

@@ -10,7 +10,7 @@ from project.checkpoints import load_model
 from project.data.transforms import Augmentation, Preprocessing, train_transforms
 from project.errors import ConfigError
 from project.model import ImageClassifier, backbones
-from project.model.classifier import batch_mixing, check_tta
+from project.model.recipe import batch_mixing, check_tta
 from tests.conftest import best_ckpt, fit_args, only_run, run_cli
 
 

@@ -121,8 +121,9 @@ class OverfitHint(Callback):
             hint = (f"train/acc exceeds val/acc by {gap:.2f} (> {self.margin}) for {self.streak} "
                     "epochs: the model is overfitting. Try more data or stronger augmentation "
                     "(data.crop_scale, data.auto_augment, model.mixup_alpha), regularisation "
-                    "(model.weight_decay, model.label_smoothing), or fewer epochs; and make sure "
-                    "evaluation runs in eval mode (Lightning does this for validation_step).")
+                    "(model.optimizer.init_args.weight_decay, model.label_smoothing), or fewer "
+                    "epochs; and make sure evaluation runs in eval mode (Lightning does this for "
+                    "validation_step).")
             log.warning("HINT: %s", hint)
             for logger in trainer.loggers:
                 writer = getattr(logger, "experiment", None)

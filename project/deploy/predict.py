@@ -20,7 +20,7 @@ from project.common.files import atomic_path, list_images
 from project.data.images import decode
 from project.data.transforms import eval_transforms
 from project.errors import ProjectError
-from project.model.classifier import check_tta
+from project.model.recipe import check_tta
 from project.runs import resolve_checkpoint
 
 

@@ -18,49 +18,16 @@ from lightning.pytorch.cli import OptimizerCallable
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics.classification import MulticlassAccuracy
-from torchvision.transforms import v2
 
 from project.data.transforms import Interpolation, Preprocessing
 from project.errors import ConfigError, require
 from project.model import backbones
 from project.model.metrics import HP_METRICS, BestSoFar, StageMetrics, loggable
 from project.model.param_groups import make_param_groups
+from project.model.recipe import batch_mixing, default_optimizer, set_backbone_frozen
 from project.model.schedule import LrScaling, global_batch_size, scaled_lr, step_schedule
 
 log = logging.getLogger(__name__)
-# Layers whose statistics or affine parameters a frozen backbone keeps as they are.
-NORM_LAYERS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, nn.GroupNorm,
-               nn.LayerNorm)
-
-
-def default_optimizer(params) -> torch.optim.Optimizer:
-    """SGD with momentum 0.9 and weight decay 1e-4 (the transfer-learning default); used when
-    ``model.optimizer`` is not set. Any ``torch.optim`` class can replace it from the config."""
-    return torch.optim.SGD(params, lr=0.01, momentum=0.9, weight_decay=1e-4)
-
-
-def check_tta(policy: str, train_hflip: float | None) -> None:
-    """Mirror-image TTA only for a model trained with flips: with ``data.hflip: 0`` (digits,
-    text) a mirrored image is not of the same class."""
-    require(policy in ("none", "hflip"), "--tta", "must be none or hflip", policy)
-    if policy == "hflip" and train_hflip == 0:
-        raise ConfigError("--tta hflip: this model was trained without horizontal flips "
-                          "(data.hflip: 0), so mirrored images are not of its classes; leave "
-                          "--tta off")
-
-
-def batch_mixing(num_classes: int, mixup_alpha: float, cutmix_alpha: float) -> v2.Transform | None:
-    """torchvision's MixUp and/or CutMix on a whole batch (one of the two per batch if both)."""
-    mixes = []
-    if mixup_alpha > 0:
-        mixes.append(v2.MixUp(alpha=mixup_alpha, num_classes=num_classes))
-    if cutmix_alpha > 0:
-        mixes.append(v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes))
-    if not mixes:
-        return None
-    return mixes[0] if len(mixes) == 1 else v2.RandomChoice(mixes)
-
-
 class ImageClassifier(L.LightningModule):
     """Transfer learning for image classification.
 
@@ -200,16 +167,7 @@ class ImageClassifier(L.LightningModule):
 
     def apply_freeze(self) -> None:
         """While frozen: no backbone gradients, and backbone norm layers in eval mode."""
-        frozen = self.backbone_frozen()
-        head_params = {id(p) for p in self.net.get_submodule(self.head_name).parameters()}
-        for p in self.net.parameters():
-            if id(p) not in head_params:
-                p.requires_grad_(not frozen)
-        norms = [m for m in self.net.modules()
-                 if isinstance(m, NORM_LAYERS)
-                 and not any(id(p) in head_params for p in m.parameters())]
-        for module in norms:  # Lightning restores these modes after validation: set them always
-            module.train(self.training and not frozen)
+        set_backbone_frozen(self.net, self.head_name, self.backbone_frozen(), self.training)
 
     def on_train_epoch_start(self) -> None:
         self.apply_freeze()
