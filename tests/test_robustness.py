@@ -150,8 +150,9 @@ def test_resume_at_an_epoch_boundary_is_exact(tiny_data, tmp_path):
     a = torch.load(run_a / "checkpoints/last.ckpt", weights_only=True)
     b = torch.load(run_b / "checkpoints/last.ckpt", weights_only=True)
     assert a["global_step"] == b["global_step"]
-    for key, tensor in a["state_dict"].items():
-        assert torch.equal(tensor, b["state_dict"][key]), key
+    for state in ("state_dict", "current_model_state"):  # the EMA weights and the raw ones
+        for key, tensor in a[state].items():
+            assert torch.equal(tensor, b[state][key]), (state, key)
     assert scalars(run_a)["val/acc"][-1] == scalars(run_b)["val/acc"][-1]
 
 

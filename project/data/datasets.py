@@ -31,6 +31,9 @@ class ImageDataset(Dataset):
 
     A key is an int (evaluation) or an ``(index, seed)`` pair from :class:`EpochSampler`
     (training): the seed drives this sample's random augmentation.
+
+    ``short_side``: images are decoded reduced to it (``images.decode_side`` gives the one for
+    the transform); a cache must hold images reduced to the same side.
     """
 
     def __init__(
@@ -39,14 +42,19 @@ class ImageDataset(Dataset):
         transform: Callable[[torch.Tensor], torch.Tensor],
         cache: ImageCache | None = None,
         on_bad_image: str = "skip",
+        short_side: int | None = None,
     ) -> None:
         if on_bad_image not in BAD_IMAGE_POLICIES:
             raise ConfigError(f"data.on_bad_image must be one of {BAD_IMAGE_POLICIES}")
+        if cache is not None and cache.short_side != short_side:  # else cached and re-read
+            raise ValueError(f"the cache holds images reduced to {cache.short_side} px but the "
+                             f"dataset decodes at {short_side}: build both with one side")
         self.samples = list(samples)
         self.targets = [s.label for s in self.samples]
         self.transform = transform
         self.cache = cache
         self.on_bad_image = on_bad_image
+        self.short_side = short_side
         # One flag per image, in shared memory, so that workers can report what they skipped.
         self.bad_flags = torch.zeros(len(self.samples), dtype=torch.uint8).share_memory_()
 
@@ -56,7 +64,7 @@ class ImageDataset(Dataset):
     def load(self, index: int) -> torch.Tensor:
         """The decoded uint8 image (3, H, W), from the cache when there is one."""
         image = self.cache[index] if self.cache is not None else None
-        return image if image is not None else decode(self.samples[index].path)
+        return image if image is not None else decode(self.samples[index].path, self.short_side)
 
     def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int] | None:
         index, seed = key if isinstance(key, tuple) else (key, None)

@@ -46,22 +46,42 @@ class OnnxClassifier:
 
     def preprocess(self, rgb: np.ndarray) -> np.ndarray:
         """Resize the short side, center crop, normalise: the training's evaluation transform."""
-        h, w = rgb.shape[:2]
-        short = round(self.image_size / self.crop_ratio)
-        # the short side becomes ``short``; the long side is truncated, as torchvision does
-        size = (short, int(short * h / w)) if w <= h else (int(short * w / h), short)
-        img = Image.fromarray(rgb).resize(size, self.resampling)
-        top = int(round((img.height - self.image_size) / 2.0))
-        left = int(round((img.width - self.image_size) / 2.0))
-        img = img.crop((left, top, left + self.image_size, top + self.image_size))
-        x = np.asarray(img, np.float32).transpose(2, 0, 1) / 255.0
-        return (x - self.mean) / self.std
+        return preprocess(rgb, self.image_size, self.crop_ratio, self.mean, self.std, self.resampling)
+
+    def read(self, path: str) -> np.ndarray:
+        """The image at ``path``, decoded as training's evaluation decodes it (same pixels)."""
+        return read_rgb(path, resize_side(self.image_size, self.crop_ratio))
 
     def probabilities(self, images: list[np.ndarray]) -> np.ndarray:
         batch = np.stack([self.preprocess(im) for im in images]).astype(np.float32)
         logits = self.session.run(None, {self.input_name: batch})[0]
         e = np.exp(logits - logits.max(1, keepdims=True))
         return e / e.sum(1, keepdims=True)
+
+
+def resize_side(image_size: int, crop_ratio: float) -> int:
+    """The short side before the center crop: ``Preprocessing.resize_size`` of training."""
+    return round(image_size / crop_ratio)
+
+
+def preprocess(rgb: np.ndarray, image_size: int, crop_ratio: float, mean: np.ndarray, std: np.ndarray,
+               resampling: Image.Resampling = Image.Resampling.BILINEAR) -> np.ndarray:
+    """Resize the short side, center crop, normalise: the training's evaluation transform.
+
+    ``rgb`` comes from ``read_rgb(path, resize_side(...))``, already reduced to the resize side
+    by the reader training uses, so the resize here is a no-op (Pillow returns a copy), except
+    for an image smaller than that side, which is enlarged here as torchvision does there.
+    """
+    h, w = rgb.shape[:2]
+    short = resize_side(image_size, crop_ratio)
+    # the short side becomes ``short``; the long side is truncated, as torchvision does
+    size = (short, int(short * h / w)) if w <= h else (int(short * w / h), short)
+    img = Image.fromarray(rgb).resize(size, resampling)
+    top = int(round((img.height - image_size) / 2.0))
+    left = int(round((img.width - image_size) / 2.0))
+    img = img.crop((left, top, left + image_size, top + image_size))
+    x = np.asarray(img, np.float32).transpose(2, 0, 1) / 255.0
+    return (x - np.reshape(mean, (3, 1, 1))) / np.reshape(std, (3, 1, 1))
 
 
 def image_paths(spec: str | Path) -> list[str]:
@@ -79,7 +99,7 @@ def classify(model: OnnxClassifier, paths: list[str], top_k: int = 3,
         good, images = [], []
         for path in paths[start:start + batch_size]:
             try:
-                images.append(read_rgb(path))
+                images.append(model.read(path))
                 good.append(path)
             except Exception as err:
                 rows.append({"path": path, "error": f"{type(err).__name__}: {err}"})
