@@ -15,7 +15,7 @@ DATA_DIR ?= $(DEMO)
 
 .PHONY: help install data train train-ddp resume evaluate predict export check-data overfit \
         lr-find find-batch-size profile test test-fast lint tensorboard bench bench-accuracy notebooks \
-        clean
+        models clean
 
 help: ## List the targets
 	@echo "Usage: make TARGET [ARGS=\"--key=value ...\"]"
@@ -80,6 +80,9 @@ bench-accuracy: $(STAMP) ## Accuracy per minute: template vs plain loop on real 
 notebooks: $(STAMP) ## Open Jupyter on the teaching notebooks
 	$(VENV)/bin/pip install --quiet --editable ".[dev,notebooks]"
 	$(VENV)/bin/jupyter lab notebooks/
+
+models: $(STAMP) ## List backbones, torchvision and timm/... (make models ARGS="convnext --pretrained")
+	$(PY) -m project models $(ARGS)
 
 lint: $(STAMP) ## Check the code with ruff
 	$(VENV)/bin/ruff check .

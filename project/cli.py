@@ -3,7 +3,8 @@
     python -m project fit --config configs/train.yaml [--trainer.max_epochs=5 ...]
     python -m project resume [RUN_DIR] [overrides]
     python -m project test --config configs/train.yaml --ckpt_path best|last|PATH
-    python -m project evaluate [CKPT_OR_RUN_DIR]
+    python -m project evaluate [CKPT_OR_RUN_DIR] [--tta hflip]
+    python -m project models [PATTERN] [--pretrained]
 """
 
 from __future__ import annotations
@@ -206,6 +207,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "predict": _lazy("project.deploy.predict"),
     "export": _lazy("project.deploy.export"),
     "check-data": _lazy("project.diagnose.check_data"),
+    "models": _lazy("project.model.zoo"),
     "overfit": _lazy("project.diagnose.tools", "overfit"),
     "lr-find": _lazy("project.diagnose.tools", "lr_find"),
     "find-batch-size": _lazy("project.diagnose.tools", "find_batch_size"),

@@ -17,9 +17,12 @@ TRAIN_CONFIG = REPO / "configs" / "train.yaml"
 
 @pytest.fixture(autouse=True)
 def _no_downloads(tmp_path_factory, monkeypatch):
-    """Every test gets an empty TORCH_HOME, so nothing can come from a real cache."""
+    """Every test gets an empty TORCH_HOME and HF_HOME, offline, so nothing can come from a real
+    cache or the network."""
     home = tmp_path_factory.mktemp("torch_home")
     monkeypatch.setenv("TORCH_HOME", str(home))
+    monkeypatch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf_home")))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     return home
 
 

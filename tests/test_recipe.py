@@ -96,8 +96,7 @@ def test_tta_hflip_is_refused_for_a_model_trained_without_flips():
 
 
 def test_ema_weights_are_what_the_checkpoint_evaluates(tiny_data, tmp_path):
-    result = run_cli(["fit", *fit_args(tiny_data, "--trainer.callbacks+=project.callbacks.ema.EMA",
-                                       "--trainer.callbacks.decay=0.9", epochs=2)], cwd=tmp_path)
+    result = run_cli(["fit", *fit_args(tiny_data, epochs=2)], cwd=tmp_path)  # EMA is in train.yaml
     assert result.returncode == 0, result.stderr[-3000:]
     run = only_run(tmp_path / "logs")
     ckpt = torch.load(best_ckpt(run), weights_only=True)

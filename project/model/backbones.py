@@ -2,7 +2,8 @@
 
 Weights resolve in this order: a local file path, the torch hub cache, a download. When none
 works (offline), the run goes on from random weights but says so loudly, names the file and
-the folder to put it in, and records ``pretrained: false``.
+the folder to put it in, and records ``pretrained: false``. ``timm/<name>`` backbones follow the
+same policy with the Hugging Face cache (``project/model/timm_backbones.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from project.errors import ProjectError
 
 log = logging.getLogger(__name__)
 IMAGENET_CLASSES = 1000
-WEIGHT_FILE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
+WEIGHT_FILE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".safetensors")
+TIMM_PREFIX = "timm/"
 SCRATCH = (None, "", "none", "null")
 
 
@@ -39,15 +41,22 @@ def model_names() -> list[str]:
     return torchvision.models.list_models(module=torchvision.models)
 
 
-def build(name: str, weights: str | None, num_classes: int) -> Backbone:
-    """The named torchvision model with ``weights`` loaded and a fresh ``num_classes`` head."""
+def build(name: str, weights: str | None, num_classes: int, image_size: int | None = None) -> Backbone:
+    """The named model with ``weights`` loaded and a fresh ``num_classes`` head: a torchvision
+    name, or ``timm/<name>``. ``image_size`` reaches timm models that are built for one input
+    size (ViTs); torchvision models take any size and ignore it."""
+    if num_classes < 2:
+        raise WeightsError(f"model.num_classes must be at least 2, got {num_classes}")
+    if name.startswith(TIMM_PREFIX):
+        from project.model import timm_backbones
+
+        return timm_backbones.build(name, weights, num_classes, image_size)
     if name not in model_names():
         raise WeightsError(
             f"model.backbone '{name}' is not a torchvision classification model; "
-            f"choose one of: {', '.join(model_names())}"
+            f"choose one of: {', '.join(model_names())}; or a timm model as timm/<name> "
+            "(list them with: python -m project models PATTERN)"
         )
-    if num_classes < 2:
-        raise WeightsError(f"model.num_classes must be at least 2, got {num_classes}")
     net, pretrained, note = _load(name, weights)
     return Backbone(net, replace_head(net, num_classes), pretrained, note)
 
@@ -84,20 +93,37 @@ def _load_file(name: str, path: Path) -> tuple[nn.Module, str]:
     checkpoint of this template (any classes). The file's classification layer is dropped
     whenever its shape differs (a new head is made for this data); any other layer that does
     not fit fails, naming the keys."""
+    state = read_state_dict(path)
+    net = torchvision.models.get_model(name, weights=None)
+    return net, load_matching(net, state, name, path, find_head(net))
+
+
+def read_state_dict(path: Path) -> dict:
+    """The tensors of a weights file: ``.safetensors``, or a torch state dict or Lightning
+    checkpoint (loaded with ``weights_only``: a file cannot run code)."""
     if not path.is_file():
         raise WeightsError(f"model.weights file '{path}' does not exist")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(str(path), device="cpu")
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
         raise WeightsError(f"model.weights file '{path}' is not a readable state dict: {err}") from err
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]  # a Lightning checkpoint (this template's: keys net.*)
     if not isinstance(state, dict):
         raise WeightsError(f"model.weights file '{path}' holds a {type(state).__name__}, not a state dict")
-    net = torchvision.models.get_model(name, weights=None)
+    return state
+
+
+def load_matching(net: nn.Module, state: dict, name: str, path: Path, head: str) -> str:
+    """Load the tensors of ``state`` that fit ``net`` (after removing a wrapper prefix); fail,
+    naming the keys, when any layer outside ``head`` is missing or of another shape."""
     own = net.state_dict()
-    state = _strip_prefix(state, own)
-    head = find_head(net)
+    state = strip_prefix(state, own)
     fits = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
     dropped = sorted(k for k in state if k not in fits)
     missing = sorted(k for k in own if k not in fits and not k.startswith(f"{head}."))
@@ -113,10 +139,10 @@ def _load_file(name: str, path: Path) -> tuple[nn.Module, str]:
     if dropped:
         note += f"; dropped {', '.join(dropped)} (the file's head: a new {head} is trained)"
     log.info("Weights: %s", note)
-    return net, note
+    return note
 
 
-def _strip_prefix(state: dict, own: dict) -> dict:
+def strip_prefix(state: dict, own: dict) -> dict:
     """Remove a wrapper prefix (``net.``, ``model.``, ``module.``) so the keys match ``own``."""
     for prefix in ("net.", "model.", "module.", "backbone."):
         if not any(k in own for k in state) and any(k.startswith(prefix) for k in state):
@@ -167,12 +193,16 @@ def replace_head(net: nn.Module, num_classes: int) -> str:
 
 def weights_preprocessing(name: str, weights: str | None) -> dict:
     """Evaluation preprocessing of torchvision weights (crop ratio, interpolation, mean, std),
-    read from the weights' own ``transforms()`` without loading them; ImageNet's convention
-    for files and random weights."""
+    read from the weights' own ``transforms()`` without loading them (timm: the weights'
+    ``pretrained_cfg``); ImageNet's convention for random weights and torchvision files."""
     out = {"crop_ratio": 0.875, "interpolation": "bilinear", "mean": [0.485, 0.456, 0.406],
            "std": [0.229, 0.224, 0.225]}
     if weights is None or str(weights).strip().lower() in SCRATCH:
         return out
+    if name.startswith(TIMM_PREFIX):  # the weights' pretrained_cfg; cheap: no model is built
+        from project.model import timm_backbones
+
+        return timm_backbones.preprocessing(name, weights) or out
     try:
         spec = torchvision.models.get_model_weights(name)[weights]
     except (KeyError, ValueError):

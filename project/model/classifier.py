@@ -33,8 +33,10 @@ class ImageClassifier(L.LightningModule):
 
     Args:
         num_classes, class_names: linked from the data module by the CLI; saved in checkpoints.
-        backbone: any torchvision classification model name (resnet18, efficientnet_b0, ...).
-        weights: ``DEFAULT`` (ImageNet), another torchvision weights name, a .pth file, or null.
+        backbone: any torchvision classification model name (resnet18, efficientnet_b0, ...), or
+            ``timm/<name>`` (timm/convnext_nano.in12k_ft_in1k; ``python -m project models PATTERN``).
+        weights: ``DEFAULT`` (ImageNet), another torchvision weights name or timm weights tag, a
+            .pth/.safetensors file or a checkpoint of this template, or null.
         image_size: linked from the data; kept so export and predict need no data.
         crop_ratio, interpolation, mean, std: evaluation preprocessing; null: that of the
             pretrained weights (``weights.transforms()``), else ImageNet's convention. The CLI
@@ -118,7 +120,7 @@ class ImageClassifier(L.LightningModule):
             self.hparams.optimizer = {"class_path": getattr(optimizer, "__qualname__", str(optimizer))}
         self.optimizer_factory = optimizer or default_optimizer
         self.class_names = list(class_names or [str(i) for i in range(num_classes)])
-        built = backbones.build(backbone, weights, num_classes)
+        built = backbones.build(backbone, weights, num_classes, image_size=image_size)
         self.net = built.net
         self.head_name = built.head_name
         self.pretrained = built.pretrained

@@ -53,7 +53,14 @@ def param_blocks(net: nn.Module, head_name: str = "") -> dict[str, str]:
     """Parameter name -> block: ``stem`` (single layers before the first block), the items of
     the first long Sequential/ModuleList in each top-level module (``layer1.0``, ``features.3``,
     ``encoder.layers.encoder_layer_5``; a ResNet stage of a few blocks stays ``layer1``), the
-    other top-level modules by name, and ``head``."""
+    other top-level modules by name, and ``head``. A timm model brings its own grouping (the one
+    its layer decay uses): ``layer000`` (stem) upwards."""
+    if callable(getattr(net, "group_matcher", None)):
+        from timm.models import group_parameters
+
+        layer = group_parameters(net, net.group_matcher(coarse=False), reverse=True)
+        return {n: "head" if n.startswith(f"{head_name}.") else f"layer{layer.get(n, 0):03d}"
+                for n, _ in net.named_parameters()}
     blocks: dict[str, str] = {}
     seen_block = False
     head_top = head_name.split(".")[0]
@@ -61,8 +68,9 @@ def param_blocks(net: nn.Module, head_name: str = "") -> dict[str, str]:
         names = [n for n, _ in child.named_parameters()]
         if not names:
             continue
-        if top == head_top:
-            blocks.update({f"{top}.{n}": "head" for n in names})
+        if top == head_top:  # the head, and layers beside it (e.g. a final norm): the last block
+            blocks.update({f"{top}.{n}": "head" if f"{top}.{n}".startswith(f"{head_name}.")
+                           else f"{top}_pre_head" for n in names})
             continue
         if not list(child.children()):  # a single layer: part of the stem until a block is seen
             blocks.update({f"{top}.{n}": "stem" if not seen_block else top for n in names})
