@@ -15,7 +15,7 @@ DATA_DIR ?= $(DEMO)
 
 .PHONY: help install data train train-ddp resume evaluate predict export check-data overfit \
         lr-find find-batch-size profile test test-fast lint tensorboard bench bench-accuracy notebooks \
-        models clean
+        models resize-data bench-photos clean
 
 help: ## List the targets
 	@echo "Usage: make TARGET [ARGS=\"--key=value ...\"]"
@@ -50,6 +50,11 @@ predict: $(STAMP) ## Classify images (INPUT=dir or file) with the best checkpoin
 export: $(STAMP) ## Export the best checkpoint to ONNX, INT8, TorchScript, .pt2 (verified)
 	$(PY) -m project export $(ARGS)
 
+SIDE ?= 256
+OUT  ?= $(DATA_DIR)-$(SIDE)
+resize-data: $(STAMP) ## Copy DATA_DIR to OUT (default DATA_DIR-SIDE) with short sides reduced to SIDE px
+	$(PY) -m project resize-data $(DATA_DIR) $(OUT) --side $(SIDE) $(ARGS)
+
 check-data: $(STAMP) ## Scan a data folder (DATA_DIR=...) for unreadable or odd images
 	$(PY) -m project check-data $(DATA_DIR) $(ARGS)
 
@@ -73,6 +78,9 @@ test-fast: $(STAMP) ## Run the tests without the slow and multi-process ones
 
 bench: data ## Speed tables: template vs plain loop, data pipeline, start-up, inference
 	$(PY) -m benchmarks.bench $(ARGS)
+
+bench-photos: $(STAMP) ## 12-MP photos: decode ms and loader images/s, full vs reduced decode (1.5-3 min)
+	$(PY) -m benchmarks.photos $(ARGS)
 
 bench-accuracy: $(STAMP) ## Accuracy per minute: template vs plain loop on real digits (about 30 min)
 	$(PY) -m benchmarks.accuracy $(ARGS)

@@ -207,6 +207,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "predict": _lazy("project.deploy.predict"),
     "export": _lazy("project.deploy.export"),
     "check-data": _lazy("project.diagnose.check_data"),
+    "resize-data": _lazy("project.data.resize"),
     "models": _lazy("project.model.zoo"),
     "overfit": _lazy("project.diagnose.tools", "overfit"),
     "lr-find": _lazy("project.diagnose.tools", "lr_find"),

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from project.data.datasets import ImageDataset, collate_skipping_bad
 from project.data.folders import FolderSplits, Sample, check_fractions, discover
-from project.data.images import ImageCache, decoded_bytes
+from project.data.images import ImageCache, decode_side, decoded_bytes
 from project.data.samplers import EpochSampler, class_balanced_weights
 from project.data.transforms import (
     IMAGENET_MEAN,
@@ -76,7 +76,7 @@ class FolderDataModule(L.LightningDataModule):
         augment: bool = True,
         hflip: float = 0.5,
         vflip: float = 0.0,
-        crop_scale: tuple[float, float] = (0.35, 1.0),
+        crop_scale: tuple[float, float] = (0.6, 1.0),
         color_jitter: float = 0.2,
         auto_augment: AutoAugment = "none",
         random_erasing: float = 0.0,
@@ -151,7 +151,15 @@ class FolderDataModule(L.LightningDataModule):
             raise ConfigError(f"the {split} split of '{self.data_dir}' is empty: "
                               f"{self.empty_split_fix(split)}")
         transform = self.train_transform if split == "train" else self.eval_transform
-        return ImageDataset(samples, transform, self.make_cache(samples, split), self.on_bad_image)
+        side = self.decode_side(split)
+        return ImageDataset(samples, transform, self.make_cache(samples, split, side), self.on_bad_image,
+                            short_side=side)
+
+    def decode_side(self, split: str) -> int:
+        """The short side the images of ``split`` are decoded at: large photos are reduced
+        once, on decode, to what the transforms need (``images.decode_side``)."""
+        crop = self.augmentation.crop_scale if split == "train" and self.augmentation else None
+        return decode_side(self.preprocessing, crop)
 
     def empty_split_fix(self, split: str) -> str:
         """With a train/ folder no test set is ever split off: only a test/ folder gives one."""
@@ -164,10 +172,10 @@ class FolderDataModule(L.LightningDataModule):
                     "applies only to a folder without train/)")
         return f"add a {split}/ folder with the same class folders as train/, or raise data.{split}_fraction"
 
-    def make_cache(self, samples: list[Sample], split: str) -> ImageCache | None:
+    def make_cache(self, samples: list[Sample], split: str, side: int | None = None) -> ImageCache | None:
         if self.cache == "none":
             return None
-        need = sum(decoded_bytes(s.path) for s in samples) / 2**30
+        need = sum(decoded_bytes(s.path, side) for s in samples) / 2**30
         if need > self.cache_gb:
             message = (f"the decoded {split} images need {need:.2f} GiB, more than "
                        f"data.cache_gb={self.cache_gb}")
@@ -175,7 +183,7 @@ class FolderDataModule(L.LightningDataModule):
                 raise ConfigError(f"{message}: raise data.cache_gb or set data.cache=none")
             log.info("%s: not caching them", message)
             return None
-        return ImageCache([s.path for s in samples])
+        return ImageCache([s.path for s in samples], short_side=side)
 
     @property
     def train_set(self) -> ImageDataset:

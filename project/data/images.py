@@ -20,17 +20,18 @@ from project.common.pixels import decoded_size, read_rgb
 from project.data.transforms import Preprocessing
 
 
-def decode_side(pre: Preprocessing, crop_scale_min: float | None = None) -> int:
+def decode_side(pre: Preprocessing, crop_scale: tuple[float, float] | None = None) -> int:
     """The short side the decoder must deliver: the one rule for every path.
 
-    Evaluation (``crop_scale_min`` None) resizes the short side to ``pre.resize_size`` anyway.
-    Training's random resized crop keeps as little as ``crop_scale_min`` of the area, so the
-    image keeps ``image_size / sqrt(crop_scale_min)`` pixels of short side: the smallest square
-    crop is then still ``image_size`` wide, not upsampled.
+    Evaluation (``crop_scale`` None) resizes the short side to ``pre.resize_size`` anyway.
+    Training's random resized crop keeps an area share drawn from ``crop_scale``; the image keeps
+    ``image_size / sqrt(median share)`` pixels of short side, so half the crops are not upsampled
+    and the smallest at most ``sqrt(median / min)`` times (1.15x at the default 0.6-1). Sized for
+    the smallest crop instead (289 px at the defaults), a photo would take 1.3x the cache memory.
     """
-    if crop_scale_min is None:
+    if crop_scale is None:
         return pre.resize_size
-    need = pre.image_size / math.sqrt(crop_scale_min)
+    need = pre.image_size / math.sqrt((crop_scale[0] + crop_scale[1]) / 2)
     return max(pre.resize_size, math.ceil(need - 1e-9))  # 224 / sqrt(0.25) is 448, not 449
 
 

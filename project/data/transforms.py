@@ -64,7 +64,7 @@ class Augmentation:
 
     hflip: float = 0.5  # probability of a horizontal flip
     vflip: float = 0.0  # probability of a vertical flip
-    crop_scale: tuple[float, float] = (0.35, 1.0)  # area share kept by the random resized crop
+    crop_scale: tuple[float, float] = (0.6, 1.0)  # area share kept by the random resized crop
     color_jitter: float = 0.2  # brightness, contrast and saturation jitter (0: off)
     auto_augment: AutoAugment = "none"
     random_erasing: float = 0.0  # probability of erasing a random rectangle

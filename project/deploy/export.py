@@ -22,7 +22,7 @@ import torch
 from project.checkpoints import load_model, read_checkpoint
 from project.common.files import write_text
 from project.data.folders import discover
-from project.data.images import decode
+from project.data.images import decode, decode_side
 from project.data.transforms import Preprocessing, eval_transforms
 from project.deploy import exporters
 from project.errors import ProjectError
@@ -46,12 +46,13 @@ def image_batches(paths: list[str], labels: list[int], preprocessing: Preprocess
                   batch_size: int = 32) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Images through the evaluation transforms, in batches (unreadable files skipped)."""
     transform = eval_transforms(preprocessing)
+    side = decode_side(preprocessing)  # the evaluation's side: the pixels of training's validation
     for start in range(0, len(paths), batch_size):
         xs, ys = [], []
         for path, label in zip(paths[start:start + batch_size], labels[start:start + batch_size],
                                strict=True):
             try:
-                xs.append(transform(decode(path)))
+                xs.append(transform(decode(path, side)))
                 ys.append(label)
             except Exception:
                 continue

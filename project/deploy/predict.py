@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from project.checkpoints import load_model, read_checkpoint
 from project.common.files import atomic_path, list_images
-from project.data.images import decode
+from project.data.images import decode, decode_side
 from project.data.transforms import eval_transforms
 from project.errors import ProjectError
 from project.model.recipe import check_tta
@@ -32,15 +32,15 @@ def input_files(spec: str | Path) -> list[str]:
 
 
 class _Files(Dataset):
-    def __init__(self, paths: list[str], transform) -> None:
-        self.paths, self.transform = paths, transform
+    def __init__(self, paths: list[str], transform, short_side: int | None = None) -> None:
+        self.paths, self.transform, self.short_side = paths, transform, short_side
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def __getitem__(self, i: int):
         try:
-            return i, self.transform(decode(self.paths[i])), ""
+            return i, self.transform(decode(self.paths[i], self.short_side)), ""
         except Exception as err:  # listed in the CSV with the reason
             return i, None, f"{type(err).__name__}: {err}".replace("\n", " ")
 
@@ -57,7 +57,8 @@ def predict_files(model, paths: list[str], top_k: int = 3, batch_size: int = 64,
                   num_workers: int = 0, device: str = "cpu") -> list[dict]:
     """Rows of {path, predicted, confidence, top-k, error}, in the order of ``paths``."""
     transform = eval_transforms(model.preprocessing)
-    loader = DataLoader(_Files(paths, transform), batch_size=batch_size, num_workers=num_workers,
+    side = decode_side(model.preprocessing)  # the evaluation's side: the same pixels as in training
+    loader = DataLoader(_Files(paths, transform, side), batch_size=batch_size, num_workers=num_workers,
                         collate_fn=_collate)
     model = model.to(device).eval()
     names = model.class_names

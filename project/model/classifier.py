@@ -24,7 +24,12 @@ from project.errors import ConfigError, require
 from project.model import backbones
 from project.model.metrics import HP_METRICS, BestSoFar, StageMetrics, loggable
 from project.model.param_groups import make_param_groups
-from project.model.recipe import batch_mixing, default_optimizer, set_backbone_frozen
+from project.model.recipe import (
+    SharedCallable,
+    batch_mixing,
+    default_optimizer,
+    set_backbone_frozen,
+)
 from project.model.schedule import LrScaling, global_batch_size, scaled_lr, step_schedule
 
 log = logging.getLogger(__name__)
@@ -118,7 +123,9 @@ class ImageClassifier(L.LightningModule):
         if optimizer is not None and not isinstance(self.hparams.optimizer, dict):
             # built in Python rather than from a config: keep checkpoints free of code objects
             self.hparams.optimizer = {"class_path": getattr(optimizer, "__qualname__", str(optimizer))}
-        self.optimizer_factory = optimizer or default_optimizer
+        # shared, not copied, by deep copies of the module (EMA's average): under DDP the config's
+        # optimizer callable holds a lock that cannot be copied
+        self.optimizer_factory = SharedCallable(optimizer or default_optimizer)
         self.class_names = list(class_names or [str(i) for i in range(num_classes)])
         built = backbones.build(backbone, weights, num_classes, image_size=image_size)
         self.net = built.net

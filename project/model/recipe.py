@@ -20,6 +20,19 @@ def default_optimizer(params) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.01, momentum=0.9, weight_decay=1e-4)
 
 
+class SharedCallable:
+    """A callable kept by reference when its owner is deep-copied."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+    def __deepcopy__(self, memo: dict) -> SharedCallable:
+        return self
+
+
 def check_tta(policy: str, train_hflip: float | None) -> None:
     """Mirror-image TTA only for a model trained with flips: with ``data.hflip: 0`` (digits,
     text) a mirrored image is not of the same class."""
