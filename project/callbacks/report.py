@@ -47,8 +47,10 @@ def format_markdown(table: dict, pairs: list[dict], checkpoint: str) -> str:
     return "\n".join(lines)
 
 
-def write_report(result: dict, class_names: list[str], checkpoint: str, out_dir: Path) -> dict:
-    """Print the table and write the three files; returns the report as a dict."""
+def write_report(result: dict, class_names: list[str], checkpoint: str, out_dir: Path,
+                 tta: tuple[str, dict] | None = None) -> dict:
+    """Print the table and write the three files; returns the report as a dict. ``tta``:
+    (policy, test-time-augmentation results), reported beside the plain numbers."""
     table = per_class_table(result, "test", class_names)
     confusion = result["test/confusion"]
     pairs = confused_pairs(confusion, class_names)
@@ -63,9 +65,14 @@ def write_report(result: dict, class_names: list[str], checkpoint: str, out_dir:
         "class_names": class_names,
         "confused_pairs": pairs,
     }
+    markdown = format_markdown(table, pairs, checkpoint)
+    tta_line = None
+    if tta is not None:
+        tta_line = add_tta(report, *tta)
+        markdown += f"\n{tta_line}\n"
     out_dir.mkdir(parents=True, exist_ok=True)
     write_text(out_dir / "report.json", json.dumps(report, indent=2))
-    write_text(out_dir / "report.md", format_markdown(table, pairs, checkpoint))
+    write_text(out_dir / "report.md", markdown)
     save(confusion_figure(confusion, class_names, "test confusion matrix"),
          out_dir / "confusion_matrix.png")
     print("\n" + format_table(table))
@@ -73,20 +80,19 @@ def write_report(result: dict, class_names: list[str], checkpoint: str, out_dir:
         print("\nMost confused (true -> predicted): " + ", ".join(
             f"{p['true']} -> {p['predicted']} ({p['count']})" for p in pairs))
     print(f"\nReport: {out_dir / 'report.md'} (and report.json, confusion_matrix.png)")
+    if tta_line:
+        print(tta_line)
     return report
 
 
-def add_tta(report: dict, tta: dict, policy: str, out_dir: Path) -> None:
-    """Test-time augmentation's numbers beside the plain ones, in the report files too."""
+def add_tta(report: dict, policy: str, tta: dict) -> str:
+    """Add test-time augmentation's numbers to ``report``; returns the line comparing them."""
     report["tta"] = {"policy": policy, "accuracy": float(tta["test_tta/acc"]),
                      "f1_macro": float(tta["test_tta/f1_macro"]), "loss": float(tta["test_tta/loss"])}
     line = (f"Test-time augmentation ({policy}): accuracy {report['tta']['accuracy']:.4f} "
             f"(plain {report['accuracy']:.4f}), macro F1 {report['tta']['f1_macro']:.4f} "
             f"(plain {report['f1_macro']:.4f})")
-    print(line)
-    write_text(out_dir / "report.json", json.dumps(report, indent=2))
-    md = out_dir / "report.md"
-    write_text(md, md.read_text(encoding="utf-8") + f"\n{line}\n")
+    return line
 
 
 class TestReport(Callback):
@@ -98,8 +104,6 @@ class TestReport(Callback):
         result = getattr(pl_module, "results", {}).get("test")
         if result is None or not trainer.is_global_zero:
             return
-        report = write_report(result, pl_module.class_names, str(ckpt or "(in-memory model)"),
-                              out_dir)
         tta = pl_module.results.get("test_tta")
-        if tta is not None:
-            add_tta(report, tta, pl_module.hparams.tta, out_dir)
+        write_report(result, pl_module.class_names, str(ckpt or "(in-memory model)"), out_dir,
+                     (pl_module.hparams.tta, tta) if tta is not None else None)

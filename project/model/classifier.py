@@ -113,9 +113,10 @@ class ImageClassifier(L.LightningModule):
         if class_names is not None and len(class_names) != num_classes:
             raise ConfigError(f"{len(class_names)} class_names for num_classes={num_classes}")
         self.save_hyperparameters(logger=False)  # logged with the run summary instead
-        resolved = backbones.weights_preprocessing(backbone, weights)
         given = {"crop_ratio": crop_ratio, "interpolation": interpolation, "mean": mean, "std": std}
-        self.hparams.update({k: resolved[k] if v is None else v for k, v in given.items()})
+        if None in given.values():  # the CLI passes all four, resolved once from the weights
+            resolved = backbones.weights_preprocessing(backbone, weights)
+            self.hparams.update({k: resolved[k] if v is None else v for k, v in given.items()})
         self.preprocessing = Preprocessing(image_size, self.hparams.crop_ratio,
                                            self.hparams.interpolation, tuple(self.hparams.mean),
                                            tuple(self.hparams.std))
