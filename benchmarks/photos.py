@@ -11,6 +11,9 @@ Builds its own 12-MP JPEGs from a real photo (scikit-learn's bundled ``china.jpg
    ``num_workers``, full vs reduced decode, with ``cache=none`` and ``cache=memory``.
 3. Model: resnet18 training-step images/s at 224 px, batch 16, on the same machine (no data):
    the rate the loader has to keep up with.
+4. Short fit: ``python -m project fit`` with ``configs/train.yaml`` on the photo folder (224 px,
+   batch 16, random init, otherwise the defaults), ``perf/data_wait_frac`` of its last epoch
+   with ``data.cache`` auto (the default) and none.
 
 About 3-5 minutes on 2 CPU cores with the defaults.
 """
@@ -21,6 +24,7 @@ import argparse
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -140,18 +144,41 @@ def model_step_rate(steps: int, bf16: bool) -> float:
     return steps * BATCH / (time.perf_counter() - start)
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+def fit_wait(data: Path, workdir: Path, cache: str, epochs: int, batch: int = BATCH) -> tuple[float, float]:
+    """(perf/data_wait_frac of the last epoch, wall s) of a short fit through the CLI."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    workdir.mkdir(parents=True)
+    args = [sys.executable, "-m", "project", "fit", "--config", str(REPO / "configs/train.yaml"),
+            f"--data.data_dir={data}", f"--data.image_size={IMAGE_SIZE}", f"--data.batch_size={batch}",
+            f"--data.cache={cache}", "--model.weights=null", f"--trainer.max_epochs={epochs}",
+            "--trainer.enable_progress_bar=false", "--trainer.log_every_n_steps=1"]
+    start = time.perf_counter()
+    result = subprocess.run(args, cwd=workdir, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if result.returncode != 0:
+        raise RuntimeError(f"the fit failed:\n{result.stderr[-3000:]}")
+    events = EventAccumulator(str(next(workdir.glob("logs/*/version_*"))), size_guidance={"scalars": 0})
+    events.Reload()
+    return events.Scalars("perf/data_wait_frac")[-1].value, wall
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.photos", description=__doc__.split("\n")[0])
     p.add_argument("--count", type=int, default=48, help="12-MP photos to make")
     p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2], help="num_workers to measure")
     p.add_argument("--batches", type=int, default=4, help="batches timed per loader row")
     p.add_argument("--steps", type=int, default=3, help="model training steps timed")
+    p.add_argument("--fit-epochs", type=int, default=2, help="epochs of the short fit (0: skip it)")
     p.add_argument("--quick", action="store_true", help="4 small photos, one of each measurement: "
                    "checks the script runs (the numbers mean nothing)")
     a = p.parse_args(argv)
     size = PHOTO_SIZE
     if a.quick:
-        size, a.count, a.workers, a.batches, a.steps = (800, 600), 4, [0], 1, 1
+        size, a.count, a.workers, a.batches, a.steps = (800, 600), 12, [0], 1, 1
     dm = FolderDataModule(image_size=IMAGE_SIZE)
     train_side = decode_side(dm.preprocessing, dm.augmentation.crop_scale)
     eval_side = decode_side(dm.preprocessing)
@@ -190,6 +217,17 @@ def main(argv: list[str] | None = None) -> int:
                 del cache
         print("\n## Training loader vs model step (images/s)\n")
         print(table(["pipeline", "cache", "num_workers", "images/s", "ratio to bf16 model step"], rows))
+
+        if a.fit_epochs:
+            fit_rows = []
+            for cache in ("auto", "none"):
+                frac, wall = fit_wait(Path(tmp) / "data", Path(tmp) / f"fit-{cache}", cache, a.fit_epochs,
+                                     4 if a.quick else BATCH)
+                fit_rows.append([f"data.cache={cache}" + (" (default)" if cache == "auto" else ""),
+                                 a.fit_epochs, f"{100 * frac:.1f} %", f"{wall:.0f} s"])
+            print(f"\n## Short fit (python -m project fit, configs/train.yaml, {IMAGE_SIZE} px, "
+                  f"batch {BATCH}, num_workers default)\n")
+            print(table(["run", "epochs", "perf/data_wait_frac (last epoch)", "wall"], fit_rows))
     return 0
 
 
