@@ -98,13 +98,15 @@ def plain_run(data: Path, size: int, epochs: int, seed: int) -> list[tuple[float
     return [(t + offset, acc) for t, acc in json.loads(result.stdout.splitlines()[-1])["history"]]
 
 
-def template_run(data: Path, size: int, epochs: int, seed: int, workdir: Path,
-                 *extra: str) -> tuple[list[tuple[float, float]], Path]:
-    """The template through its CLI. Returns (elapsed, val/acc) per epoch and the run folder."""
+def template_run(data: Path, size: int, epochs: int, seed: int, workdir: Path, *extra: str,
+                 preset: str | None = "characters", launcher: tuple[str, ...] = ("-m", "project"),
+                 ) -> tuple[list[tuple[float, float]], Path]:
+    """The template through its CLI (``python -m project fit``, or ``python *launcher fit``).
+    Returns (elapsed, val/acc) per epoch and the run folder."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    args = [sys.executable, "-m", "project", "fit", "--config", str(REPO / "configs/train.yaml"),
-            "--config", str(REPO / "configs/presets/characters.yaml"),
+    presets = ["--config", str(REPO / f"configs/presets/{preset}.yaml")] if preset else []
+    args = [sys.executable, *launcher, "fit", "--config", str(REPO / "configs/train.yaml"), *presets,
             f"--data.data_dir={data}", f"--data.image_size={size}", "--model.weights=null",
             f"--trainer.max_epochs={epochs}", f"--seed_everything={seed}",
             "--trainer.enable_progress_bar=false", *extra]
