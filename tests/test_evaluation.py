@@ -153,7 +153,7 @@ def test_predict_writes_csv_matching_the_model_and_lists_bad_files(trained_run, 
     transform = eval_transforms(model.preprocessing)
     good = sorted(p for p in images.iterdir() if p.name != "broken.png")
     with torch.no_grad():
-        probs = model(torch.stack([transform(decode(str(p))) for p in good])).softmax(-1)
+        probs = model.probabilities(torch.stack([transform(decode(str(p))) for p in good]))
     for p, row_probs in zip(good, probs, strict=True):
         row = rows[p.name]
         assert row["predicted"] == CLASSES[int(row_probs.argmax())]

@@ -1,4 +1,5 @@
-"""TensorBoard views beyond scalars: sample grids, confusion matrices, most confused pairs."""
+"""TensorBoard views beyond scalars: sample grids, confusion matrices, most confused pairs,
+precision-recall curves, top losses and reliability diagrams."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from project.callbacks.plots import confusion_figure, image_grid_figure
+from project.callbacks.mistakes import sample_rows, top_losses_figure
+from project.callbacks.plots import confusion_figure, image_grid_figure, reliability_figure
 from project.model.metrics import confused_pairs
 
 
@@ -27,12 +29,16 @@ class Dashboards(Callback):
 
     At the start of fit: a grid of augmented training images (what the model really sees,
     de-normalised) and one of validation images. After each validation epoch and at test: the
-    confusion matrix and the most confused class pairs.
+    confusion matrix, the most confused class pairs and a precision-recall curve per class
+    (PR curves tab, ``<stage>/pr_curve/<class>``). At the end of fit and of test: the
+    ``top_losses`` highest-loss images (``<stage>/top_losses``) and the reliability diagram
+    (``<stage>/reliability``) of the last epoch's model.
     """
 
-    def __init__(self, num_samples: int = 32, top_pairs: int = 5) -> None:
+    def __init__(self, num_samples: int = 32, top_pairs: int = 5, top_losses: int = 24) -> None:
         self.num_samples = num_samples
         self.top_pairs = top_pairs
+        self.top_losses = top_losses
 
     @staticmethod
     def _writer(trainer: L.Trainer):
@@ -73,11 +79,39 @@ class Dashboards(Callback):
         writer.add_figure(f"{stage}/confusion_matrix", confusion_figure(cm, names, title), step)
         writer.add_text(f"{stage}/confused_pairs",
                         confused_pairs_markdown(cm, names, self.top_pairs), step)
+        samples = getattr(pl_module, "samples", {}).get(stage)
+        if samples is not None and len(samples["target"]):
+            probs = (samples["logits"] / float(pl_module.temperature)).softmax(-1)
+            for c, name in enumerate(names):
+                writer.add_pr_curve(f"{stage}/pr_curve/{name}", samples["target"] == c,
+                                    probs[:, c], step)
+
+    def _log_images(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """The highest-loss images and the reliability diagram of the last ``stage`` epoch."""
+        writer = self._writer(trainer)
+        samples = getattr(pl_module, "samples", {}).get(stage)
+        if writer is None or samples is None or not len(samples["target"]):
+            return
+        loader = trainer.val_dataloaders if stage == "val" else trainer.test_dataloaders
+        dataset = getattr(loader, "dataset", None)
+        t, hp, step = float(pl_module.temperature), pl_module.hparams, trainer.global_step
+        rows = sample_rows(samples, pl_module.class_names, t, dataset)
+        fig = top_losses_figure(rows, dataset, hp.mean, hp.std, f"{stage} top losses",
+                                self.top_losses)
+        if fig is not None:
+            writer.add_figure(f"{stage}/top_losses", fig, step)
+        writer.add_figure(f"{stage}/reliability", reliability_figure(
+            samples["logits"], samples["target"], t, title=f"{stage} reliability diagram"), step)
 
     @rank_zero_only
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._log_confusion(trainer, pl_module, "val")
 
     @rank_zero_only
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._log_images(trainer, pl_module, "val")
+
+    @rank_zero_only
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._log_confusion(trainer, pl_module, "test")
+        self._log_images(trainer, pl_module, "test")

@@ -148,6 +148,8 @@ def export_checkpoint(ckpt_path: Path, out: Path, formats: list[str], data_dir: 
         raise
     report = {"checkpoint": str(ckpt_path), "threads": threads, "image_size": size,
               "class_names": model.class_names, "formats": rows,
+              # every format outputs raw logits; probabilities are softmax(logits / temperature)
+              "temperature": float(model.temperature),
               "latency": f"median of {repeats} runs after 3 warm-up runs, {threads} threads"}
     _write_report(out, report)
     return report
@@ -176,7 +178,9 @@ def _check_int8_accuracy(rows: dict, max_drop: float, path: Path) -> None:
 
 def _write_report(out: Path, report: dict) -> None:
     lines = [f"# Export report\n\nCheckpoint: `{report['checkpoint']}`  \n"
-             f"Latency: {report['latency']}.\n",
+             f"Latency: {report['latency']}.  \n"
+             f"Outputs are logits; calibrated probabilities are softmax(logits / "
+             f"{report['temperature']:.6g}) (the temperature is in model.onnx's metadata).\n",
              "| format | file | size (MB) | max abs diff vs PyTorch | val acc | "
              "latency b1 (ms) | latency b32 (ms) |", "|---|---|---|---|---|---|---|"]
 

@@ -57,8 +57,10 @@ def onnx_metadata(model) -> dict[str, str]:
         "mean": json.dumps(list(hp.mean)),
         "std": json.dumps(list(hp.std)),
         "backbone": hp.backbone,
+        # temperature scaling (python -m project calibrate): 1 when not fitted
+        "temperature": repr(float(getattr(model, "temperature", 1.0))),
         "input": "float32 NCHW RGB, scaled to 0..1 then normalised with mean/std",
-        "output": "logits (apply softmax for probabilities)",
+        "output": "logits; calibrated probabilities are softmax(logits / temperature)",
     }
 
 

@@ -3,7 +3,8 @@
     python -m project.deploy.infer exports/demo/version_0/model.onnx DIR_OR_FILE --output preds.csv
 
 For deployment, copy this file, ``project/common/`` and the .onnx file; the preprocessing
-(input size, crop ratio, mean and std) and the class names are read from the model's metadata.
+(input size, crop ratio, mean and std), the class names and the temperature are read from the
+model's metadata. Probabilities are ``softmax(logits / temperature)``, as ``predict`` gives them.
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ class OnnxClassifier:
         resampling = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC,
                       "nearest": Image.Resampling.NEAREST}
         self.resampling = resampling[meta.get("interpolation", "bilinear")]
+        # temperature scaling; files exported before it existed are uncalibrated (1)
+        self.temperature = float(meta.get("temperature", 1.0))
+        if not self.temperature > 0:
+            raise ValueError(f"{model_path}: metadata temperature must be above 0, got "
+                             f"{meta['temperature']!r}")
         self.input_name = self.session.get_inputs()[0].name
 
     def preprocess(self, rgb: np.ndarray) -> np.ndarray:
@@ -54,7 +60,8 @@ class OnnxClassifier:
 
     def probabilities(self, images: list[np.ndarray]) -> np.ndarray:
         batch = np.stack([self.preprocess(im) for im in images]).astype(np.float32)
-        logits = self.session.run(None, {self.input_name: batch})[0]
+        logits = self.session.run(None, {self.input_name: batch})[0].astype(np.float64)
+        logits = logits / self.temperature
         e = np.exp(logits - logits.max(1, keepdims=True))
         return e / e.sum(1, keepdims=True)
 

@@ -2,8 +2,9 @@
 
     python -m project predict --ckpt_path PATH --input DIR_OR_FILE --output preds.csv
 
-Uses the evaluation transforms and class names stored in the checkpoint, so it needs neither
-the training data nor a config file.
+Uses the evaluation transforms, class names and temperature stored in the checkpoint, so it
+needs neither the training data nor a config file; ``confidence`` is the calibrated probability
+``softmax(logits / temperature)`` (temperature 1 until ``python -m project calibrate``).
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def predict_files(model, paths: list[str], top_k: int = 3, batch_size: int = 64,
         if images is None:
             continue
         x = images.to(device)
-        probs = model.predict_tta(x) if model.hparams.tta == "hflip" else model(x).softmax(-1)
+        # calibrated: softmax(logits / temperature), the temperature stored by `calibrate`
+        probs = model.predict_tta(x) if model.hparams.tta == "hflip" else model.probabilities(x)
         probs = probs.float().cpu()
         top_p, top_i = probs.topk(k, dim=-1)
         for i, p, c in zip(indices, top_p.tolist(), top_i.tolist(), strict=True):

@@ -22,7 +22,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from project.data.transforms import Interpolation, Preprocessing
 from project.errors import ConfigError, require
 from project.model import backbones
-from project.model.metrics import HP_METRICS, BestSoFar, StageMetrics, loggable
+from project.model.metrics import HP_METRICS, BestSoFar, PerSample, StageMetrics, loggable
 from project.model.param_groups import make_param_groups
 from project.model.recipe import (
     SharedCallable,
@@ -136,12 +136,18 @@ class ImageClassifier(L.LightningModule):
         self.lr = lr  # the LR finder reads and writes this attribute
         # Loss weights live in the checkpoint, so evaluate's test/loss uses the training loss.
         self.register_buffer("class_weight", torch.ones(num_classes))
+        # Temperature scaling (project/model/calibration.py): probabilities = softmax(logits / T).
+        # 1 until `calibrate` (or the TemperatureScaling callback) fits it on the validation set.
+        self.register_buffer("temperature", torch.ones(()))
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_metrics = StageMetrics("val", self.class_names)
         self.test_metrics = StageMetrics("test", self.class_names)
         self.test_tta_metrics = StageMetrics("test_tta", self.class_names)
         self.val_acc_best = BestSoFar()
         self.results: dict[str, dict[str, torch.Tensor]] = {}  # last computed, for callbacks
+        # Each image's logits of the last val/test epoch (top losses, mistakes, curves)
+        self.per_sample = {"val": PerSample(), "test": PerSample()}
+        self.samples: dict[str, dict[str, torch.Tensor] | None] = {}
         self.effective_lr = lr
         self.global_batch = base_batch_size
         if channels_last:
@@ -153,6 +159,15 @@ class ImageClassifier(L.LightningModule):
         if self.hparams.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         return self.net(x)
+
+    def probabilities(self, x: torch.Tensor) -> torch.Tensor:
+        """Calibrated class probabilities: ``softmax(logits / temperature)``."""
+        return (self(x).float() / self.temperature).softmax(-1)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        # checkpoints from before temperature scaling: T = 1, as they were used
+        state_dict.setdefault(prefix + "temperature", torch.ones(()))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Cross-entropy with the class weights and label smoothing: for training and eval."""
@@ -207,6 +222,8 @@ class ImageClassifier(L.LightningModule):
         x, y = batch
         logits = self(x)
         metrics.update(logits, y, self.loss(logits, y))
+        if metrics.stage in self.per_sample:
+            self.per_sample[metrics.stage].update(logits, y)
 
     def validation_step(self, batch, batch_idx: int) -> None:
         self._eval_step(batch, self.val_metrics)
@@ -219,17 +236,24 @@ class ImageClassifier(L.LightningModule):
             self.test_tta_metrics.update(log_probs, y, self.loss(log_probs, y))
 
     def predict_tta(self, x: torch.Tensor) -> torch.Tensor:
-        """Mean probabilities of ``x`` and its horizontal mirror."""
-        return (self(x).softmax(-1) + self(x.flip(-1)).softmax(-1)) / 2
+        """Mean (calibrated) probabilities of ``x`` and its horizontal mirror."""
+        return (self.probabilities(x) + self.probabilities(x.flip(-1))) / 2
 
     def predict_step(self, batch, batch_idx: int) -> torch.Tensor:
         x = batch[0] if isinstance(batch, list | tuple) else batch
-        return self(x).softmax(-1)
+        return self.probabilities(x)
 
     def _eval_epoch_end(self, metrics: StageMetrics) -> None:
         values = metrics.compute()  # a collective under DDP: every rank computes
+        samples = None
+        if metrics.stage in self.per_sample:  # also a collective
+            loaders = self.trainer.val_dataloaders if metrics.stage == "val" else \
+                self.trainer.test_dataloaders
+            samples = self.per_sample[metrics.stage].compute(loaders)
         if self.trainer.sanity_checking:
             return
+        if metrics.stage in self.per_sample:
+            self.samples[metrics.stage] = samples
         if metrics.stage == "val":
             self.val_acc_best(values["val/acc"])
             values["val/acc_best"] = self.val_acc_best.compute()
