@@ -20,7 +20,9 @@ def test_bench_quick_prints_every_table():
         assert title in out, title
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
     for name in ("plain PyTorch", "template fit", "model training step (no data)",
-                 "loader, cache=memory", "python -m project fit", "onnx", "int8", "pytorch"):
+                 "loader, cache=none", "loader, cache=memory", "loader, streaming chunk_bytes=1MB",
+                 "loader, streaming chunk_bytes=64MB", "python -m project fit", "onnx", "int8",
+                 "pytorch"):
         numbers = [float(x) for x in re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?:e[-+]?\d+)?",
                                                  rows[name].split("|", 2)[2])]
         # measurements are positive; only a num_workers label may be 0

@@ -17,7 +17,8 @@ from torch.utils.data import DataLoader
 
 from project.data.datasets import ImageDataset, collate_skipping_bad
 from project.data.folders import FolderSplits, Sample, check_fractions, discover
-from project.data.images import ImageCache, decode_side, decoded_bytes
+from project.data.images import ImageCache, decode_side, decoded_bytes, shared_cache
+from project.data.optimize import is_streaming
 from project.data.samplers import EpochSampler, class_balanced_weights
 from project.data.transforms import (
     IMAGENET_MEAN,
@@ -36,10 +37,13 @@ log = logging.getLogger(__name__)
 
 
 class FolderDataModule(L.LightningDataModule):
-    """Images in ``data_dir/{train,val,test}/<class>/`` (or one folder split here).
+    """Images in ``data_dir/{train,val,test}/<class>/`` (or one folder split here), or the
+    chunks ``optimize-data`` made of such a folder, streamed (``streaming.py``).
 
     Args:
-        data_dir: the data folder; classes are its sorted subfolder names.
+        data_dir: the data folder; classes are its sorted subfolder names. An optimized folder
+            (with ``project.json``) or a URL of one streams it with LitData instead; the split
+            settings and the cache then do not apply (they were fixed when it was optimized).
         image_size: side of the square crop the model sees.
         batch_size: per device; the global batch is this x devices x nodes x accumulation.
         num_workers: loader processes; ``None``: 0 when training on the CPU (the model already
@@ -59,7 +63,8 @@ class FolderDataModule(L.LightningDataModule):
         balanced_sampling: draw training images with class-balanced weights
             (``WeightedRandomSampler`` semantics), for imbalanced data.
         cache: ``memory`` decodes every image once and keeps it in RAM; ``auto`` does so when
-            the decoded images fit in ``cache_gb``; ``none`` reads the files every epoch.
+            the decoded images fit in ``cache_gb``; ``none`` reads the files every epoch. Under
+            DDP, local rank 0 decodes and the node's ranks map its copy (``images.shared_cache``).
         cache_gb: memory budget of the cache in GiB.
         on_bad_image: ``skip`` (count and report undecodable files) or ``error``.
     """
@@ -119,6 +124,7 @@ class FolderDataModule(L.LightningDataModule):
         self.train_transform = train_transforms(self.preprocessing, self.augmentation)
         self.eval_transform = eval_transforms(self.preprocessing)
         self.datasets: dict[str, ImageDataset] = {}
+        self.streaming = is_streaming(data_dir)
 
     def workers(self) -> int:
         """``num_workers``, or the automatic choice for the accelerator in use."""
@@ -131,13 +137,20 @@ class FolderDataModule(L.LightningDataModule):
     def splits(self) -> FolderSplits:
         return discover(self.data_dir, self.val_fraction, self.test_fraction, self.split_seed)
 
+    @cached_property
+    def manifest(self) -> dict:
+        """What ``optimize-data`` recorded: classes, split sizes and labels, source."""
+        from project.data.streaming import load_manifest  # litdata: imported only when streaming
+
+        return load_manifest(self.data_dir)
+
     @property
     def class_names(self) -> list[str]:
-        return self.splits.classes
+        return list(self.manifest["classes"]) if self.streaming else self.splits.classes
 
     @property
     def num_classes(self) -> int:
-        return len(self.splits.classes)
+        return len(self.class_names)
 
     def setup(self, stage: str | None = None) -> None:
         wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}
@@ -146,6 +159,8 @@ class FolderDataModule(L.LightningDataModule):
                 self.datasets[split] = self.make_dataset(split)
 
     def make_dataset(self, split: str) -> ImageDataset:
+        if self.streaming:
+            return self.make_streaming_dataset(split)
         samples: list[Sample] = getattr(self.splits, split)
         if not samples:
             raise ConfigError(f"the {split} split of '{self.data_dir}' is empty: "
@@ -154,6 +169,18 @@ class FolderDataModule(L.LightningDataModule):
         side = self.decode_side(split)
         return ImageDataset(samples, transform, self.make_cache(samples, split, side), self.on_bad_image,
                             short_side=side)
+
+    def make_streaming_dataset(self, split: str):  # -> streaming.StreamingImages
+        if not self.manifest["splits"].get(split, {}).get("size"):
+            raise ConfigError(f"the {split} split of '{self.data_dir}' is empty: optimize a source "
+                              f"that has {split} images (python -m project optimize-data SRC OUT)")
+        from project.data.streaming import streaming_dataset
+
+        train = split == "train"
+        return streaming_dataset(self.data_dir, self.manifest, split,
+                                 self.train_transform if train else self.eval_transform,
+                                 self.decode_side(split), train, self._world()[0] > 1, _global_seed(),
+                                 self.augmentation is not None, self.on_bad_image)
 
     def decode_side(self, split: str) -> int:
         """The short side the images of ``split`` are decoded at: large photos are reduced
@@ -175,7 +202,8 @@ class FolderDataModule(L.LightningDataModule):
     def make_cache(self, samples: list[Sample], split: str, side: int | None = None) -> ImageCache | None:
         if self.cache == "none":
             return None
-        need = sum(decoded_bytes(s.path, side) for s in samples) / 2**30
+        need_bytes = sum(decoded_bytes(s.path, side) for s in samples)
+        need = need_bytes / 2**30
         if need > self.cache_gb:
             message = (f"the decoded {split} images need {need:.2f} GiB, more than "
                        f"data.cache_gb={self.cache_gb}")
@@ -183,7 +211,11 @@ class FolderDataModule(L.LightningDataModule):
                 raise ConfigError(f"{message}: raise data.cache_gb or set data.cache=none")
             log.info("%s: not caching them", message)
             return None
-        return ImageCache([s.path for s in samples], short_side=side)
+        paths = [s.path for s in samples]
+        if self._world()[0] > 1:  # one copy per node, mapped by every rank, not one per rank
+            return shared_cache(paths, side, f"{split}-{side}", self.trainer.local_rank,
+                                self.trainer.strategy.barrier, need_bytes)
+        return ImageCache(paths, short_side=side)
 
     @property
     def train_set(self) -> ImageDataset:
@@ -193,16 +225,21 @@ class FolderDataModule(L.LightningDataModule):
         trainer = self.trainer
         return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
 
-    def _loader(self, dataset: ImageDataset, sampler: torch.utils.data.Sampler) -> DataLoader:
+    def _loader(self, dataset: ImageDataset, sampler: torch.utils.data.Sampler | None) -> DataLoader:
         trainer = self.trainer
         on_cuda = trainer is not None and isinstance(trainer.accelerator, CUDAAccelerator)
         workers = self.workers()
+        pin = on_cuda if self.pin_memory is None else self.pin_memory
+        if sampler is None:  # an optimized data set: LitData shares it out by rank and worker
+            from project.data.streaming import streaming_loader
+
+            return streaming_loader(dataset, self.batch_size, workers, pin, self.prefetch_factor)
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
             sampler=sampler,
             num_workers=workers,
-            pin_memory=on_cuda if self.pin_memory is None else self.pin_memory,
+            pin_memory=pin,
             persistent_workers=self.persistent_workers and workers > 0,
             prefetch_factor=self.prefetch_factor if workers > 0 else None,
             collate_fn=collate_skipping_bad,
@@ -216,6 +253,12 @@ class FolderDataModule(L.LightningDataModule):
         weights = None
         if self.balanced_sampling and not overfitting:
             weights = class_balanced_weights(dataset.targets, self.num_classes)
+            if self.streaming:  # drawn by random access: the chunks are read out of order
+                from project.data.streaming import RandomAccess
+
+                dataset = RandomAccess(dataset)
+        elif self.streaming:
+            return self._loader(dataset, None)
         sampler = EpochSampler(len(dataset), weights, shuffle=not overfitting, seed=_global_seed(),
                                num_replicas=world, rank=rank)
         if self.trainer is not None:  # a resumed run starts at its restored epoch: workers
@@ -225,6 +268,8 @@ class FolderDataModule(L.LightningDataModule):
 
     def _eval_loader(self, split: str) -> DataLoader:
         dataset = self.datasets[split]
+        if self.streaming:
+            return self._loader(dataset, None)
         world, rank = self._world()
         # Each image evaluated exactly once across ranks: no padding duplicates in the metrics.
         sampler = UnrepeatedDistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)

@@ -73,26 +73,35 @@ class ImageDataset(Dataset):
         except Exception as err:
             path = self.samples[index].path
             if self.on_bad_image == "error":
-                raise BadImageError(
-                    f"cannot decode image '{path}': {err}. Remove or replace the file, or set "
-                    "data.on_bad_image=skip (run `python -m project check-data` for a full scan)."
-                ) from err
+                raise bad_image_error(path, err) from err
             self.bad_flags[index] = 1
             return None
-        if seed is None:
-            return self.transform(image), self.samples[index].label
-        # Seed only the CPU generator (torch.manual_seed also seeds every accelerator's: 100x
-        # slower), and put the state back so the caller's random stream is untouched.
-        state = torch.get_rng_state()
-        torch.default_generator.manual_seed(seed)
-        try:
-            return self.transform(image), self.samples[index].label
-        finally:
-            torch.set_rng_state(state)
+        return seeded_transform(self.transform, image, seed), self.samples[index].label
 
     def skipped_paths(self) -> list[str]:
         """Images skipped so far because they could not be decoded."""
         return [self.samples[i].path for i in self.bad_flags.nonzero().flatten().tolist()]
+
+
+def seeded_transform(transform: Callable[[torch.Tensor], torch.Tensor], image: torch.Tensor,
+                     seed: int | None) -> torch.Tensor:
+    """``transform(image)`` with the random augmentation drawn from ``seed`` (None: as it is)."""
+    if seed is None:
+        return transform(image)
+    # Seed only the CPU generator (torch.manual_seed also seeds every accelerator's: 100x
+    # slower), and put the state back so the caller's random stream is untouched.
+    state = torch.get_rng_state()
+    torch.default_generator.manual_seed(seed)
+    try:
+        return transform(image)
+    finally:
+        torch.set_rng_state(state)
+
+
+def bad_image_error(path: str, err: Exception) -> BadImageError:
+    return BadImageError(
+        f"cannot decode image '{path}': {err}. Remove or replace the file, or set "
+        "data.on_bad_image=skip (run `python -m project check-data` for a full scan).")
 
 
 def collate_skipping_bad(batch: list[tuple[torch.Tensor, int] | None]):
