@@ -14,8 +14,8 @@ INPUT  ?= $(DEMO)/test
 DATA_DIR ?= $(DEMO)
 
 .PHONY: help install data train train-ddp resume evaluate predict export check-data overfit \
-        lr-find find-batch-size profile test test-fast lint tensorboard bench bench-accuracy notebooks \
-        models resize-data bench-photos clean
+        calibrate suspects lr-find find-batch-size profile test test-fast lint tensorboard bench bench-accuracy notebooks \
+        models resize-data optimize-data bench-photos sweep clean
 
 help: ## List the targets
 	@echo "Usage: make TARGET [ARGS=\"--key=value ...\"]"
@@ -41,8 +41,14 @@ train-ddp: data ## Train on all local GPUs with DDP (configs/presets/ddp.yaml)
 resume: $(STAMP) ## Continue the newest run from its last.ckpt, in the same run folder
 	$(PY) -m project resume $(ARGS)
 
-evaluate: $(STAMP) ## Test the newest run's best checkpoint: per-class table and report files
+evaluate: $(STAMP) ## Test the newest run's best checkpoint: report.md, top losses, mistakes.csv, calibration
 	$(PY) -m project evaluate $(ARGS)
+
+calibrate: $(STAMP) ## Fit the temperature of the best checkpoint on the validation set (NLL, ECE before/after)
+	$(PY) -m project calibrate $(ARGS)
+
+suspects: data ## Rank training images by out-of-fold disagreement with their label -> suspects.csv/.png
+	$(PY) -m project suspects --config $(CONFIG) $(ARGS)
 
 predict: $(STAMP) ## Classify images (INPUT=dir or file) with the best checkpoint -> preds.csv
 	$(PY) -m project predict --input $(INPUT) --output preds.csv $(ARGS)
@@ -54,6 +60,10 @@ SIDE ?= 256
 OUT  ?= $(DATA_DIR)-$(SIDE)
 resize-data: $(STAMP) ## Copy DATA_DIR to OUT (default DATA_DIR-SIDE) with short sides reduced to SIDE px
 	$(PY) -m project resize-data $(DATA_DIR) $(OUT) --side $(SIDE) $(ARGS)
+
+SHARDS ?= $(DATA_DIR)-shards
+optimize-data: $(STAMP) ## Pack DATA_DIR into LitData chunks at SHARDS (default DATA_DIR-shards) for streaming
+	$(PY) -m project optimize-data $(DATA_DIR) $(SHARDS) $(ARGS)
 
 check-data: $(STAMP) ## Scan a data folder (DATA_DIR=...) for unreadable or odd images
 	$(PY) -m project check-data $(DATA_DIR) $(ARGS)
@@ -67,6 +77,10 @@ lr-find: data ## Learning-rate finder: plot and suggested LR
 find-batch-size: data ## Largest batch size that fits in memory
 	$(PY) -m project find-batch-size --config $(CONFIG) $(ARGS)
 
+SWEEP ?= configs/sweep.yaml
+sweep: data ## Optuna search of LR, weight decay, augmentation (SWEEP=configs/sweep.yaml); rerun to resume
+	$(PY) -m project sweep --config $(CONFIG) --sweep $(SWEEP) $(ARGS)
+
 profile: data ## Profile a short run: where does the time go?
 	$(PY) -m project fit --config $(CONFIG) --config configs/presets/profile.yaml $(ARGS)
 
@@ -79,7 +93,7 @@ test-fast: $(STAMP) ## Run the tests without the slow and multi-process ones
 bench: data ## Speed tables: template vs plain loop, data pipeline, start-up, inference
 	$(PY) -m benchmarks.bench $(ARGS)
 
-bench-photos: $(STAMP) ## 12-MP photos: decode ms and loader images/s, full vs reduced decode (1.5-3 min)
+bench-photos: $(STAMP) ## 12-MP photos: decode ms, loader images/s, data wait of a short fit (3-5 min)
 	$(PY) -m benchmarks.photos $(ARGS)
 
 bench-accuracy: $(STAMP) ## Accuracy per minute: template vs plain loop on real digits (about 30 min)

@@ -5,6 +5,8 @@
     python -m project test --config configs/train.yaml --ckpt_path best|last|PATH
     python -m project evaluate [CKPT_OR_RUN_DIR] [--tta hflip]
     python -m project models [PATTERN] [--pretrained]
+    python -m project calibrate [--ckpt_path best]      temperature scaling on the validation set
+    python -m project suspects [--folds 3] [overrides]   training images with doubtful labels
 """
 
 from __future__ import annotations
@@ -208,10 +210,14 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "export": _lazy("project.deploy.export"),
     "check-data": _lazy("project.diagnose.check_data"),
     "resize-data": _lazy("project.data.resize"),
+    "optimize-data": _lazy("project.data.optimize"),
     "models": _lazy("project.model.zoo"),
     "overfit": _lazy("project.diagnose.tools", "overfit"),
     "lr-find": _lazy("project.diagnose.tools", "lr_find"),
     "find-batch-size": _lazy("project.diagnose.tools", "find_batch_size"),
+    "sweep": _lazy("project.sweep.command"),
+    "calibrate": _lazy("project.model.calibration"),
+    "suspects": _lazy("project.diagnose.suspects"),
 }
 
 
