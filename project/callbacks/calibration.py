@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
@@ -28,9 +29,11 @@ class TemperatureScaling(Callback):
         callback = monitored_checkpoint(trainer)
         best = callback.best_model_path if callback is not None else ""
         dataset = getattr(trainer.datamodule, "datasets", {}).get("val")
-        if not best or dataset is None:
-            log.info("Notice: no temperature fitted (needs a best checkpoint and a validation "
-                     "set); run `python -m project calibrate` later")
+        if not best or not Path(best).is_file() or dataset is None:
+            # e.g. a run resumed in another folder: the restored best path is the old run's
+            log.info("Notice: no temperature fitted (needs the best checkpoint%s and a validation "
+                     "set); run `python -m project calibrate --ckpt_path PATH` later",
+                     f", {best} is not there" if best else "")
             return
         numbers = calibrate_checkpoint(best, dataset=dataset, batch_size=trainer.datamodule.batch_size,
                                        device=pl_module.device)
