@@ -50,21 +50,21 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="decode-") as tmp:
         tmp = Path(tmp)
         make_demo([str(tmp / "demo"), "--image-size", "192", "--train-per-class", "300"])
-        sets = {  # name: (data, training image size, preset)
-            "demo, 192 px images": (tmp / "demo", 48, None),
-            "digits, 256 px images": (write_digits(tmp / "digits", 256), 64, "characters"),
+        sets = {  # name: (data, training image size, presets)
+            "demo, 192 px images": (tmp / "demo", 48, ()),
+            "digits, 256 px images": (write_digits(tmp / "digits", 256), 64, ("characters",)),
         }
         rows = []
-        for name, (data, size, preset) in sets.items():
+        for name, (data, size, presets) in sets.items():
             dm = FolderDataModule(data, image_size=size)
-            if preset == "characters":
+            if "characters" in presets:
                 dm = FolderDataModule(data, image_size=size, crop_scale=(0.7, 1.0))
             sides = f"{dm.decode_side('train')} / {dm.decode_side('val')}"
             for decode, launcher in (("reduced (default)", ("-m", "project")), ("full size", FULL)):
                 finals, walls = [], []
                 for seed in a.seeds:
                     h, _ = template_run(data, size, a.epochs, seed, tmp / f"{name[:5]}-{decode[:4]}-{seed}",
-                                        preset=preset, launcher=launcher)
+                                        presets=presets, launcher=launcher)
                     finals.append(h[-1][1])
                     walls.append(h[-1][0])
                 rows.append([name, size, decode, sides if decode.startswith("reduced") else "full",

@@ -1,6 +1,7 @@
 """How well does ``python -m project suspects`` find wrong labels? Plant some and count.
 
     python -m benchmarks.planted_labels [--per-class 100] [--share 0.05] [--folds 3] [--epochs 5]
+                                        [any fit option, e.g. --config configs/presets/scratch.yaml]
 
 Makes a copy of the demo data set (``--per-class`` training images per class), moves ``--share``
 of the training images into another class's folder (a wrong label, chosen at random), runs the
@@ -44,7 +45,7 @@ def main() -> None:
     p.add_argument("--share", type=float, default=0.05)
     p.add_argument("--folds", type=int, default=3)
     p.add_argument("--epochs", type=int, default=5)
-    a = p.parse_args()
+    a, extra = p.parse_known_args()  # the rest goes to the suspects command (fit options)
     with tempfile.TemporaryDirectory() as tmp:
         root = make_demo(Path(tmp) / "demo", train_per_class=a.per_class, val_per_class=20,
                          test_per_class=20)
@@ -53,7 +54,7 @@ def main() -> None:
         start = time.perf_counter()
         cli_main(["suspects", "--folds", str(a.folds), "--out", str(out), "--config",
                   "configs/train.yaml", f"--data.data_dir={root}", "--model.weights=null",
-                  f"--trainer.max_epochs={a.epochs}", "--trainer.enable_progress_bar=false"])
+                  f"--trainer.max_epochs={a.epochs}", "--trainer.enable_progress_bar=false", *extra])
         minutes = (time.perf_counter() - start) / 60
         ranked = [r["path"] for r in csv.DictReader((out / "suspects.csv").open())]
     n = len(planted)
