@@ -136,24 +136,10 @@ def streaming_dataset(data_dir: str, manifest: dict, split: str, transform: Call
                            augment=train and augment, on_bad_image=on_bad_image)
 
 
-class StreamingLoader(StreamingDataLoader):
-    """LitData's loader, whose ``sampler`` reads None: a streamed data set has no index order to
-    list, and PyTorch's placeholder sampler of an iterable data set is endless, so code that
-    lists a loader's sampler (e.g. to map predictions back to files) would never return."""
-
-    @property
-    def sampler(self) -> None:
-        return None
-
-    @sampler.setter
-    def sampler(self, value: object) -> None:  # DataLoader.__init__ sets its placeholder
-        self.__dict__["_iterable_sampler"] = value
-
-
 def streaming_loader(dataset: StreamingImages, batch_size: int, workers: int, pin_memory: bool,
-                     prefetch_factor: int | None) -> StreamingLoader:
+                     prefetch_factor: int | None) -> StreamingDataLoader:
     """No persistent workers: LitData starts each epoch's workers with the new epoch's plan."""
-    return StreamingLoader(dataset, batch_size=batch_size, num_workers=workers, pin_memory=pin_memory,
+    return StreamingDataLoader(dataset, batch_size=batch_size, num_workers=workers, pin_memory=pin_memory,
                                prefetch_factor=prefetch_factor if workers > 0 else None,
                                collate_fn=collate_skipping_bad)
 
