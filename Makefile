@@ -56,7 +56,7 @@ predict: $(STAMP) ## Classify images (INPUT=dir or file) with the best checkpoin
 export: $(STAMP) ## Export the best checkpoint to ONNX, INT8, TorchScript, .pt2 (verified)
 	$(PY) -m project export $(ARGS)
 
-SIDE ?= 256
+SIDE ?= 290
 OUT  ?= $(DATA_DIR)-$(SIDE)
 resize-data: $(STAMP) ## Copy DATA_DIR to OUT (default DATA_DIR-SIDE) with short sides reduced to SIDE px
 	$(PY) -m project resize-data $(DATA_DIR) $(OUT) --side $(SIDE) $(ARGS)

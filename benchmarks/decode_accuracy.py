@@ -1,16 +1,20 @@
 """Does decoding images reduced to the size the transforms need change accuracy?
 
-    python -m benchmarks.decode_accuracy [--epochs 3] [--seeds 0 1 2]
+    python -m benchmarks.decode_accuracy [--epochs 3] [--seeds 0 1 2] [--sets demo digits]
+        [--preset scratch] [--sides 55 72]
 
 Large images are decoded with their short side reduced to what the crops need
 (``project.data.images.decode_side``); the transforms then make crops of the same size as from
 the full image. This trains the template twice per seed on each set, once as shipped and once
-with every image decoded at full size, and prints val accuracy side by side:
+with every image decoded at full size (and once per ``--sides`` value, ``data.decode_side``),
+and prints val accuracy side by side:
 
-- the demo drawn at 192 px (``python -m project.data.demo --image-size 192``) and trained at
-  48 px (decoded at 55 px), with the defaults of ``configs/train.yaml``;
-- scikit-learn's handwritten digits (real, bundled) upscaled to 256 px and trained at 64 px
-  (decoded at 73 px) with ``configs/presets/characters.yaml``; resnet18 from random weights.
+- ``demo``: the demo drawn at 192 px (``python -m project.data.demo --image-size 192``) and
+  trained at 48 px (training decoded at 62 px), with the defaults of ``configs/train.yaml``;
+- ``digits``: scikit-learn's handwritten digits (real, bundled) upscaled to 256 px and trained
+  at 64 px (decoded at 77 px) with ``configs/presets/characters.yaml``;
+
+resnet18 from random weights; ``--preset`` stacks presets on both (e.g. ``scratch``).
 """
 
 from __future__ import annotations
@@ -35,6 +39,15 @@ def full_decode_cli(argv: list[str]) -> int:
     return main(argv)
 
 
+def demo_192(folder: Path) -> Path:
+    """The demo drawn at 192 px, 300 training images per class."""
+    from project.data.demo import main as make_demo
+
+    if make_demo([str(folder), "--image-size", "192", "--train-per-class", "300"]) != 0:
+        raise RuntimeError("could not make the demo data")
+    return folder
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--full-decode"]:
@@ -43,36 +56,40 @@ def main(argv: list[str] | None = None) -> int:
                                 description=__doc__.split("\n")[0])
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--sets", nargs="+", choices=["demo", "digits"], default=["demo", "digits"])
+    p.add_argument("--preset", nargs="*", default=[], help="presets stacked on both sets")
+    p.add_argument("--sides", type=int, nargs="*", default=[], help="data.decode_side values to add")
     a = p.parse_args(argv)
     from project.data import FolderDataModule
-    from project.data.demo import main as make_demo
 
     with tempfile.TemporaryDirectory(prefix="decode-") as tmp:
         tmp = Path(tmp)
-        make_demo([str(tmp / "demo"), "--image-size", "192", "--train-per-class", "300"])
-        sets = {  # name: (data, training image size, presets)
-            "demo, 192 px images": (tmp / "demo", 48, ()),
-            "digits, 256 px images": (write_digits(tmp / "digits", 256), 64, ("characters",)),
+        sets = {  # name: (make the data, training image size, presets, crop_scale)
+            "demo": (lambda: demo_192(tmp / "demo"), 48, (), (0.6, 1.0)),
+            "digits": (lambda: write_digits(tmp / "digits", 256), 64, ("characters",), (0.7, 1.0)),
         }
         rows = []
-        for name, (data, size, presets) in sets.items():
-            dm = FolderDataModule(data, image_size=size)
-            if "characters" in presets:
-                dm = FolderDataModule(data, image_size=size, crop_scale=(0.7, 1.0))
-            sides = f"{dm.decode_side('train')} / {dm.decode_side('val')}"
-            for decode, launcher in (("reduced (default)", ("-m", "project")), ("full size", FULL)):
+        for name in a.sets:
+            make, size, presets, crop_scale = sets[name]
+            data = make()
+            dm = FolderDataModule(data, image_size=size, crop_scale=crop_scale)
+            variants = {f"reduced to {dm.decode_side('train')} (default)": (("-m", "project"), []),
+                        **{f"reduced to {n}": (("-m", "project"), [f"--data.decode_side={n}"])
+                           for n in a.sides},
+                        "full size": (FULL, [])}
+            for decode, (launcher, extra) in variants.items():
                 finals, walls = [], []
                 for seed in a.seeds:
-                    h, _ = template_run(data, size, a.epochs, seed, tmp / f"{name[:5]}-{decode[:4]}-{seed}",
-                                        presets=presets, launcher=launcher)
+                    h, _ = template_run(data, size, a.epochs, seed, tmp / f"{name}-{len(rows)}-{seed}",
+                                        *extra, presets=(*presets, *a.preset), launcher=launcher)
                     finals.append(h[-1][1])
                     walls.append(h[-1][0])
-                rows.append([name, size, decode, sides if decode.startswith("reduced") else "full",
-                             mean_sd(finals), f"{statistics.mean(walls):.0f} s"])
+                eval_side = dm.decode_side("val") if decode != "full size" else "full"
+                rows.append([name, size, decode, eval_side, mean_sd(finals),
+                             f"{statistics.mean(walls):.0f} s"])
                 print(rows[-1], flush=True)
-        print(f"\n{a.epochs} epochs, resnet18 from random weights, seeds {a.seeds}\n")
-        print(table(["data", "image_size", "decode", "decoded short side (train / eval)", "val acc",
-                     "wall"], rows))
+        print(f"\n{a.epochs} epochs, resnet18 from random weights, seeds {a.seeds}, presets {a.preset}\n")
+        print(table(["data", "image_size", "training decode", "evaluation decode", "val acc", "wall"], rows))
     return 0
 
 

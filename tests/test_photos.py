@@ -56,15 +56,35 @@ def reference(path: Path, side: int) -> np.ndarray:
 def test_decode_side_is_one_rule_for_eval_and_training():
     pre = Preprocessing(224, 0.875)
     assert decode_side(pre) == decode_side(pre, None) == pre.resize_size == 256
-    assert decode_side(pre, (0.35, 1.0)) == 273  # ceil(224 / sqrt(0.675)): the median crop keeps 224 px
+    assert decode_side(pre, (0.6, 1.0)) == 290  # ceil(224 / sqrt(0.6)): the smallest crop keeps 224 px
+    assert decode_side(pre, (0.35, 1.0)) == 379  # ceil(224 / sqrt(0.35)); the largest share does not matter
+    assert decode_side(pre, (0.35, 0.5)) == 379
     assert decode_side(pre, (0.25, 0.25)) == 448  # exact, no float round-up
     assert decode_side(pre, (1.0, 1.0)) == 256  # the eval resize is the floor
     assert decode_side(Preprocessing(224, 0.5), (0.8, 0.8)) == 448
 
 
+def test_decode_side_setting_sizes_the_training_images_and_not_evaluation(tmp_path):
+    from project.data import FolderDataModule
+    from project.errors import ConfigError
+
+    for split in ("train", "val"):
+        for k, cls in enumerate(("cat", "dog")):
+            photo(tmp_path / split / cls / "a.jpg", seed=k)
+    expected = {"auto": 83, 120: 120, 50: 73, "full": 1200}  # 83 = ceil(64 / sqrt(0.6)); 73 the eval resize
+    for setting, side in expected.items():
+        dm = FolderDataModule(str(tmp_path), image_size=64, batch_size=2, cache="none", decode_side=setting)
+        dm.setup("fit")
+        assert min(dm.datasets["train"].load(0).shape[1:]) == side, setting
+        assert min(dm.datasets["val"].load(0).shape[1:]) == 73, setting  # what the eval resize needs
+        assert dm.train_dataloader() is not None
+    with pytest.raises(ConfigError, match="data.decode_side must be auto, full or a number of pixels"):
+        FolderDataModule(str(tmp_path), image_size=64, decode_side=0)
+
+
 def test_large_jpeg_decodes_at_the_reduced_size_close_to_the_full_decode(tmp_path):
     path = photo(tmp_path / "big.jpg")
-    for side in (256, 273, 500):
+    for side in (256, 290, 500):
         reduced = read_rgb(str(path), side)
         assert min(reduced.shape[:2]) == side and reduced.shape[2] == 3
         assert reduced.shape[1] == int(side * 1600 / 1200)  # long side truncated as torchvision does
@@ -191,8 +211,9 @@ def test_photos_benchmark_quick_prints_every_table():
     assert "## Short fit" in result.stdout
     rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and "---" not in line]
     names = [row.split("|")[1].strip() for row in rows]
-    for name in ("full size", "reduced to 256 (training)", "reduced to 256 (evaluation)",
-                 "resnet18 training step, bf16 autocast (no data)", "loader, decode reduced to 256",
+    train = decode_side(Preprocessing(224, 0.875), (0.6, 1.0))  # the defaults of train.yaml
+    for name in ("full size", f"reduced to {train} (training)", "reduced to 256 (evaluation)",
+                 "resnet18 training step, bf16 autocast (no data)", f"loader, decode reduced to {train}",
                  "data.cache=auto (default)", "data.cache=none"):
         assert name in names, name
     for row in rows[1:]:

@@ -66,6 +66,10 @@ class FolderDataModule(L.LightningDataModule):
             the decoded images fit in ``cache_gb``; ``none`` reads the files every epoch. Under
             DDP, local rank 0 decodes and the node's ranks map its copy (``images.shared_cache``).
         cache_gb: memory budget of the cache in GiB.
+        decode_side: short side training images are decoded at (once, before the cache):
+            ``auto`` the smallest random crop's need (``images.decode_side``: 289 px at 224);
+            a number of pixels (more keeps finer detail in the crops, and costs cache memory);
+            ``full`` no reduction. Evaluation always decodes at the resize it needs.
         on_bad_image: ``skip`` (count and report undecodable files) or ``error``.
     """
 
@@ -95,6 +99,7 @@ class FolderDataModule(L.LightningDataModule):
         balanced_sampling: bool = False,
         cache: Literal["none", "memory", "auto"] = "auto",
         cache_gb: float = 2.0,
+        decode_side: int | Literal["auto", "full"] = "auto",
         on_bad_image: Literal["skip", "error"] = "skip",
     ) -> None:
         super().__init__()
@@ -113,6 +118,9 @@ class FolderDataModule(L.LightningDataModule):
         self.val_fraction, self.test_fraction, self.split_seed = val_fraction, test_fraction, split_seed
         self.balanced_sampling = balanced_sampling
         self.cache, self.cache_gb = cache, cache_gb
+        require(decode_side in ("auto", "full") or (isinstance(decode_side, int) and decode_side > 0),
+                "data.decode_side", "must be auto, full or a number of pixels", decode_side)
+        self.train_decode_side = decode_side
         self.on_bad_image = on_bad_image
         self.preprocessing = Preprocessing(  # validates early, before any work
             image_size, 0.875 if crop_ratio is None else crop_ratio, interpolation or "bilinear",
@@ -182,11 +190,16 @@ class FolderDataModule(L.LightningDataModule):
                                  self.decode_side(split), train, self._world()[0] > 1, _global_seed(),
                                  self.augmentation is not None, self.on_bad_image)
 
-    def decode_side(self, split: str) -> int:
+    def decode_side(self, split: str) -> int | None:
         """The short side the images of ``split`` are decoded at: large photos are reduced
-        once, on decode, to what the transforms need (``images.decode_side``)."""
-        crop = self.augmentation.crop_scale if split == "train" and self.augmentation else None
-        return decode_side(self.preprocessing, crop)
+        once, on decode, to what the transforms need (``images.decode_side``); None: full size."""
+        if split != "train" or self.augmentation is None:
+            return decode_side(self.preprocessing)
+        if self.train_decode_side == "full":
+            return None
+        if self.train_decode_side == "auto":
+            return decode_side(self.preprocessing, self.augmentation.crop_scale)
+        return max(self.train_decode_side, self.preprocessing.resize_size)
 
     def empty_split_fix(self, split: str) -> str:
         """With a train/ folder no test set is ever split off: only a test/ folder gives one."""

@@ -137,7 +137,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("out", metavar="OUT", help="the folder to write (the same layout)")
     p.add_argument("--side", type=int, required=True, metavar="N",
                    help="short side in px; training decodes at max(image_size / crop_ratio, "
-                        "image_size / sqrt(median crop_scale)): 256 for 224 px with the defaults")
+                        "image_size / sqrt(min crop_scale)): 290 for 224 px with the defaults")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, metavar="K",
                    help="processes (default: the CPUs)")
     p.add_argument("--quality", type=int, default=95, help="JPEG (and WebP) quality, 1-100")
