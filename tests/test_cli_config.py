@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from project.callbacks import REQUIRED_CALLBACKS
+from project.errors import ConfigError
 from tests.conftest import REPO, TRAIN_CONFIG, fit_args, only_run, run_cli
 
 
@@ -45,17 +46,29 @@ def test_periodic_checkpoint_has_the_documented_name(tiny_data, tmp_path):
     assert "epoch04.ckpt" in names and "last.ckpt" in names
 
 
+def test_out_of_range_model_setting_fails_in_one_line(tiny_data, tmp_path):
+    result = run_cli(["fit", *fit_args(tiny_data, "--model.lr=-1", epochs=1)], cwd=tmp_path)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "model.lr" in errors[0], result.stderr[-2000:]
+    assert not (tmp_path / "logs").exists()  # nothing half-written
+
+
 @pytest.mark.parametrize("setting", [
     "--model.lr=-1", "--model.head_lr_mult=0", "--model.label_smoothing=1.5",
     "--model.warmup_epochs=-2", "--model.base_batch_size=0",
 ])
-def test_out_of_range_model_settings_fail_in_one_line(tiny_data, tmp_path, setting):
-    result = run_cli(["fit", *fit_args(tiny_data, setting, epochs=1)], cwd=tmp_path)
-    assert result.returncode != 0
+def test_out_of_range_model_settings_fail_naming_the_key(tiny_data, tmp_path, monkeypatch, setting):
+    """The CLI's own parser and classes, in this process (the error the command prints is the
+    message of this ConfigError, as the test above shows once)."""
+    from project.cli import ProjectCLI
+
+    monkeypatch.chdir(tmp_path)
     key = setting.split("=")[0].removeprefix("--")
-    assert "Traceback" not in result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and key in errors[0], result.stderr[-2000:]
+    with pytest.raises(ConfigError) as err:
+        ProjectCLI(args=fit_args(tiny_data, setting, epochs=1), run=False)
+    assert str(err.value).startswith(key) and "\n" not in str(err.value), str(err.value)
     assert not (tmp_path / "logs").exists()  # nothing half-written
 
 
