@@ -161,16 +161,16 @@ def test_two_process_ddp_fit_validates_each_image_once_and_resumes(odd_data, tmp
 def test_one_and_two_processes_with_the_same_global_batch_agree(tiny_data, tmp_path):
     """Same seed and global batch (8 = 8 x 1 = 4 x 2): both runs see the same images with the
     same augmentation in the same global batches, and DDP averages the halves' gradients, so
-    the runs are the same computation up to the order of float sums. The model is a ViT
-    (vit_b_32), whose LayerNorm and zero dropout make the halves independent: BatchNorm would
-    need SyncBatchNorm, which runs on GPUs only. Tolerance 1e-3 on val/loss and equal val/acc:
+    the runs are the same computation up to the order of float sums. The model is a small ViT
+    (timm's test_vit at 64 px), whose LayerNorm and zero dropout make the halves independent:
+    BatchNorm would need SyncBatchNorm, which runs on GPUs only. Tolerance 1e-3 on val/loss and equal val/acc:
     rounding-level, so a wrong shard, seed or LR scaling fails it."""
     results = []
     for name, extra in (("one", ["--data.batch_size=8", "--trainer.accelerator=cpu"]),
                         ("two", [*DDP, "--data.batch_size=4"])):
         (tmp_path / name).mkdir()
         args = fit_args(tiny_data, *extra, "--trainer.precision=32-true",
-                        "--model.backbone=vit_b_32", "--data.image_size=224")
+                        "--model.backbone=timm/test_vit", "--data.image_size=64")
         result = run_cli(["fit", *args], cwd=tmp_path / name)
         assert result.returncode == 0, result.stderr[-4000:]
         series = scalars(only_run(tmp_path / name / "logs"))
