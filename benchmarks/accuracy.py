@@ -114,8 +114,10 @@ def template_run(data: Path, size: int, epochs: int, seed: int, workdir: Path, *
             "--trainer.enable_progress_bar=false", *extra]
     workdir.mkdir(parents=True, exist_ok=True)
     start = time.time()
+    # the repository on the path: a launcher may be a benchmarks/ module
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     result = subprocess.run(args, cwd=workdir, capture_output=True, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path})
     if result.returncode != 0:
         raise RuntimeError(f"template run failed:\n{result.stderr[-3000:]}")
     run = max(workdir.glob("logs/*/version_*"), key=lambda p: p.stat().st_mtime)
