@@ -84,7 +84,7 @@ sweep: data ## Optuna search of LR, weight decay, augmentation (SWEEP=configs/sw
 profile: data ## Profile a short run: where does the time go?
 	$(PY) -m project fit --config $(CONFIG) --config configs/presets/profile.yaml $(ARGS)
 
-test: $(STAMP) ## Run the whole test suite (about 18 minutes on 2 CPU cores)
+test: $(STAMP) ## Run the whole test suite (about 14 minutes on 2 CPU cores)
 	$(PY) -m pytest $(ARGS)
 
 test-fast: $(STAMP) ## Run the tests without the slow and multi-process ones
