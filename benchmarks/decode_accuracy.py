@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.accuracy import mean_sd, table, template_run, write_digits
+from benchmarks.accuracy import REPO, mean_sd, table, template_run, write_digits
 
 FULL = ("-m", "benchmarks.decode_accuracy", "--full-decode")
 
@@ -48,6 +48,17 @@ def demo_192(folder: Path) -> Path:
     return folder
 
 
+def preset_data_settings(presets: tuple[str, ...]) -> dict:
+    """The ``data:`` settings the presets stack (a later one wins), for the sides the runs use."""
+    import yaml
+
+    settings: dict = {}
+    for name in presets:
+        config = yaml.safe_load((REPO / f"configs/presets/{name}.yaml").read_text()) or {}
+        settings |= config.get("data") or {}
+    return settings
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--full-decode"]:
@@ -64,15 +75,16 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="decode-") as tmp:
         tmp = Path(tmp)
-        sets = {  # name: (make the data, training image size, presets, crop_scale)
-            "demo": (lambda: demo_192(tmp / "demo"), 48, (), (0.6, 1.0)),
-            "digits": (lambda: write_digits(tmp / "digits", 256), 64, ("characters",), (0.7, 1.0)),
+        sets = {  # name: (make the data, training image size, presets)
+            "demo": (lambda: demo_192(tmp / "demo"), 48, ()),
+            "digits": (lambda: write_digits(tmp / "digits", 256), 64, ("characters",)),
         }
         rows = []
         for name in a.sets:
-            make, size, presets, crop_scale = sets[name]
+            make, size, presets = sets[name]
+            presets = (*presets, *a.preset)
             data = make()
-            dm = FolderDataModule(data, image_size=size, crop_scale=crop_scale)
+            dm = FolderDataModule(data, image_size=size, **preset_data_settings(presets))
             variants = {f"reduced to {dm.decode_side('train')} (default)": (("-m", "project"), []),
                         **{f"reduced to {n}": (("-m", "project"), [f"--data.decode_side={n}"])
                            for n in a.sides},
@@ -81,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                 finals, walls = [], []
                 for seed in a.seeds:
                     h, _ = template_run(data, size, a.epochs, seed, tmp / f"{name}-{len(rows)}-{seed}",
-                                        *extra, presets=(*presets, *a.preset), launcher=launcher)
+                                        *extra, presets=presets, launcher=launcher)
                     finals.append(h[-1][1])
                     walls.append(h[-1][0])
                 eval_side = dm.decode_side("val") if decode != "full size" else "full"

@@ -163,8 +163,8 @@ def test_one_and_two_processes_with_the_same_global_batch_agree(tiny_data, tmp_p
     same augmentation in the same global batches, and DDP averages the halves' gradients, so
     the runs are the same computation up to the order of float sums. The model is a small ViT
     (timm's test_vit at 64 px), whose LayerNorm and zero dropout make the halves independent:
-    BatchNorm would need SyncBatchNorm, which runs on GPUs only. Tolerance 1e-3 on val/loss and equal val/acc:
-    rounding-level, so a wrong shard, seed or LR scaling fails it."""
+    BatchNorm would need SyncBatchNorm, which runs on GPUs only. Tolerance 1e-3 on val/loss and
+    equal val/acc: rounding-level, so a wrong shard, seed or LR scaling fails it."""
     results = []
     for name, extra in (("one", ["--data.batch_size=8", "--trainer.accelerator=cpu"]),
                         ("two", [*DDP, "--data.batch_size=4"])):

@@ -67,7 +67,7 @@ class FolderDataModule(L.LightningDataModule):
             DDP, local rank 0 decodes and the node's ranks map its copy (``images.shared_cache``).
         cache_gb: memory budget of the cache in GiB.
         decode_side: short side training images are decoded at (once, before the cache):
-            ``auto`` the smallest random crop's need (``images.decode_side``: 289 px at 224);
+            ``auto`` the smallest random crop's need (``images.decode_side``: 290 px at 224);
             a number of pixels (more keeps finer detail in the crops, and costs cache memory);
             ``full`` no reduction. Evaluation always decodes at the resize it needs.
         on_bad_image: ``skip`` (count and report undecodable files) or ``error``.
