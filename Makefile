@@ -23,6 +23,7 @@ help: ## List the targets
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10+ is needed; set PYTHON=python3.x")'
+	@$(PYTHON) -c 'import os, shutil; free = shutil.disk_usage(".").free / 2**30; os.path.isdir("$(VENV)") or free < 8 and print(f"warning: {free:.1f} GiB free on this disk; .venv takes up to 7 GiB (torch with its CUDA libraries)")'
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --editable ".[dev]"
 	@touch $@
