@@ -60,10 +60,8 @@ def preset_data_settings(presets: tuple[str, ...]) -> dict:
 
 
 def paired(values: list[float], full: list[float]) -> str:
-    """Mean and sd of the per-seed differences to the full decode: seeds share the weights'
-    initialisation and the augmentation draws, so the pairs vary less than either column."""
-    if values is full:
-        return ""
+    """Mean and sd of the per-seed differences to the full decode: a seed fixes the initial
+    weights, the batch order and the augmentation draws, so a pair differs only by the decode."""
     diffs = [100 * (v - f) for v, f in zip(values, full, strict=True)]
     sd = f" ± {statistics.stdev(diffs):.1f}" if len(diffs) > 1 else ""
     return f"{statistics.mean(diffs):+.1f}{sd} points"
@@ -107,9 +105,11 @@ def main(argv: list[str] | None = None) -> int:
                                         *extra, presets=presets, launcher=launcher)
                     finals.append(h[-1][1])
                     walls.append(h[-1][0])
-                full = full or finals
+                if decode == "full size":  # the first variant: the others are paired with it
+                    full = finals
                 eval_side = dm.decode_side("val") if decode != "full size" else "full"
-                rows.append([name, size, decode, eval_side, mean_sd(finals), paired(finals, full),
+                rows.append([name, size, decode, eval_side, mean_sd(finals),
+                             paired(finals, full) if finals is not full else "",
                              f"{statistics.mean(walls):.0f} s"])
                 print(rows[-1], flush=True)
         print(f"\n{a.epochs} epochs, resnet18 from random weights, seeds {a.seeds}, presets {a.preset}\n")
