@@ -1,8 +1,11 @@
-"""Read this project's checkpoints safely (``weights_only=True``) and rebuild the model."""
+"""Read this project's checkpoints safely (``weights_only``) and rebuild the model: the one
+checkpoint reader of every command."""
 
 from __future__ import annotations
 
 import inspect
+import pickle
+import zipfile
 from pathlib import Path
 
 import torch
@@ -11,55 +14,67 @@ from project.errors import CheckpointError
 
 
 def read_checkpoint(path: str | Path, **kwargs) -> dict:
-    """``torch.load(weights_only=True)`` with one clear error for a missing or bad file."""
+    """``torch.load(weights_only=True)`` with one clear error for a missing or foreign file."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint '{path}' does not exist")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, **kwargs)
-    except Exception as err:
-        raise CheckpointError(
-            f"'{path}' is not a readable checkpoint ({type(err).__name__}); it may be truncated "
-            "or not a checkpoint of this project"
-        ) from err
+    except (OSError, RuntimeError, ValueError, EOFError, KeyError, pickle.UnpicklingError,
+            zipfile.BadZipFile) as err:
+        raise CheckpointError(f"'{path}' is not a readable checkpoint ({type(err).__name__}); it may be "
+                              "truncated or not a checkpoint of this project") from err
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         raise CheckpointError(f"'{path}' is not a Lightning checkpoint (it has no state_dict)")
     return ckpt
 
 
 def load_model(path: str | Path):
-    """The trained ImageClassifier of a checkpoint, in eval mode, without touching the network.
-
-    The backbone is built without pretrained weights (the checkpoint has all of them), so
-    this works offline and never downloads.
-    """
+    """The trained ImageClassifier of a checkpoint, in eval mode, built without pretrained weights
+    (the checkpoint has all of them): works offline and never downloads."""
     from project.model import ImageClassifier
 
     ckpt = read_checkpoint(path)
     hparams = dict(ckpt.get("hyper_parameters", {}))
     if not hparams.get("class_names"):
-        raise CheckpointError(
-            f"'{path}' holds no class names (hyper_parameters.class_names); it was not written "
-            "by this project's training"
-        )
+        raise CheckpointError(f"'{path}' holds no class names (hyper_parameters.class_names); it was "
+                              "not written by this project's training")
     allowed = inspect.signature(ImageClassifier.__init__).parameters
     hparams = {k: v for k, v in hparams.items() if k in allowed}
-    hparams.update(weights=None, compile=False, optimizer=None)
+    hparams.update(weights=None, compile=False, optimizer=None, scheduler=None)
     model = ImageClassifier(**hparams)
-    model.load_state_dict(ckpt["state_dict"])
+    try:
+        model.load_state_dict(ckpt["state_dict"])
+    except RuntimeError as err:
+        raise CheckpointError(f"'{path}' does not fit the model its settings describe (another head or "
+                              f"backbone than model.head={hparams.get('head', 'linear')}, "
+                              f"{hparams.get('backbone')}): {str(err).splitlines()[0]}") from err
     return model.eval()
 
 
 def check_checkpoint_classes(path: str | Path, class_names: list[str]) -> None:
     """Fail before any work when a checkpoint was trained on other classes than the data's."""
-    hparams = read_checkpoint(path, mmap=True).get("hyper_parameters", {})
-    saved = list(hparams.get("class_names") or [])
+    saved = list(read_checkpoint(path, mmap=True).get("hyper_parameters", {}).get("class_names") or [])
     if saved and saved != list(class_names):
         only_ckpt = [c for c in saved if c not in class_names]
         only_data = [c for c in class_names if c not in saved]
-        detail = (f"only in the checkpoint: {only_ckpt or 'none'}; only in the data: "
-                  f"{only_data or 'none'}" if only_ckpt or only_data else "same names, other order")
-        raise CheckpointError(
-            f"checkpoint '{path}' was trained on different classes than data.data_dir has "
-            f"({detail}). Use the data folder it was trained on, or start a new run."
-        )
+        detail = (f"only in the checkpoint: {only_ckpt or 'none'}; only in the data: {only_data or 'none'}"
+                  if only_ckpt or only_data else "same names, other order")
+        raise CheckpointError(f"checkpoint '{path}' was trained on different classes than data.data_dir "
+                              f"has ({detail}). Use the data folder it was trained on, or start a new run.")
+
+
+def datamodule_for(ckpt_path: str | Path, model, data_dir: str | None = None):
+    """The run's data module, rebuilt from the settings the checkpoint stored (``data_dir``
+    overrides its folder), with the model's preprocessing and no cache (one pass)."""
+    from project.data import FolderDataModule
+
+    stored = dict(read_checkpoint(ckpt_path, mmap=True).get("datamodule_hyper_parameters") or {})
+    allowed = inspect.signature(FolderDataModule.__init__).parameters
+    settings = {k: v for k, v in stored.items() if k in allowed}
+    settings["data_dir"] = data_dir or settings.get("data_dir")
+    if not settings["data_dir"]:
+        raise CheckpointError(f"'{ckpt_path}' does not say which data it was trained on: pass --data_dir DIR")
+    dm = FolderDataModule(**{**settings, "cache": "none"})
+    dm.model_preprocessing = model.preprocessing
+    return dm

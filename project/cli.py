@@ -1,37 +1,49 @@
 """Command line: LightningCLI for fit/validate/test, plus the project's own commands.
 
-    python -m project fit --config configs/train.yaml [--trainer.max_epochs=5 ...]
-    python -m project resume [RUN_DIR] [overrides]
-    python -m project test --config configs/train.yaml --ckpt_path best|last|PATH
-    python -m project evaluate [CKPT_OR_RUN_DIR] [--tta hflip]
-    python -m project models [PATTERN] [--pretrained]
-    python -m project calibrate [--ckpt_path best]      temperature scaling on the validation set
-    python -m project suspects [--folds 3] [overrides]   training images with doubtful labels
+    python -m project fit --config configs/train.yaml [--key=value ...] [--run_dir DIR]
+    python -m project resume [RUN_DIR] [--key=value ...]
+    python -m project COMMAND --help     (COMMANDS below; each is imported only when it runs)
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import logging
+import re
 import sys
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
-from project.callbacks import REQUIRED_CALLBACKS, guard_callbacks
-from project.checkpoints import check_checkpoint_classes
 from project.data import FolderDataModule
-from project.errors import CheckpointError, ProjectError
+from project.errors import ProjectError
 from project.model import ImageClassifier
-from project.model.backbones import weights_preprocessing
-from project.model.recipe import check_tta
-from project.runs import last_checkpoint, newest_run, resolve_checkpoint
 
 log = logging.getLogger("project")
+# command -> "module:function"; every module but resume's is imported only when its command runs
+COMMANDS = {
+    "resume": "project.runs:resume",
+    "evaluate": "project.extras.analysis.evaluate:main",
+    "calibrate": "project.extras.analysis.calibration:main",
+    "suspects": "project.extras.analysis.suspects:main",
+    "predict": "project.extras.deploy.predict:main",
+    "export": "project.extras.deploy.export:main",
+    "check-data": "project.extras.datatools.check_data:main",
+    "resize-data": "project.extras.datatools.resize:main",
+    "optimize-data": "project.extras.streaming.optimize:main",
+    "overfit": "project.extras.diagnose.tools:overfit",
+    "lr-find": "project.extras.diagnose.tools:lr_find",
+    "find-batch-size": "project.extras.diagnose.tools:find_batch_size",
+    "models": "project.extras.zoo:main",
+    "sweep": "project.extras.sweep.command:main",
+}
+HALF_PRECISIONS = ("16-mixed", "bf16-mixed", "16", "bf16", "16-true", "bf16-true")
+# added, with a notice, when a config leaves them out: without them a run can go wrong silently
+REQUIRED_CALLBACKS = ("project.callbacks.guards.Guards", "project.callbacks.resilience.Resilience")
 
 
 class FitConfigSaver(SaveConfigCallback):
@@ -44,77 +56,65 @@ class FitConfigSaver(SaveConfigCallback):
 
 class ProjectCLI(LightningCLI):
     def __init__(self, args: list[str] | None = None, run: bool = True, tool: bool = False,
-                 model_overrides: dict | None = None) -> None:
-        """``tool``: a diagnosis run (overfit, LR finder): guards only, no saved config.
-        ``model_overrides``: model settings that win over a checkpoint's stored ones (Lightning
-        takes ``model.*`` from ``--ckpt_path``'s hyperparameters, above the command line)."""
-        self.tool = tool
-        self.model_overrides = model_overrides or {}
-        super().__init__(
-            ImageClassifier,
-            FolderDataModule,
-            seed_everything_default=42,
-            save_config_callback=None if tool else FitConfigSaver,
-            save_config_kwargs={"overwrite": True},
-            trainer_defaults={"callbacks": guard_callbacks()} if tool else {},
-            auto_configure_optimizers=False,
-            args=args,
-            run=run,
-        )
+                 run_dir: str | Path | None = None) -> None:
+        """``tool``: a diagnosis run (overfit, LR finder): the guards only, no saved config.
+        ``run_dir``: the folder every logger (and so the checkpoints) writes to."""
+        self.tool, self.run_dir = tool, Path(run_dir) if run_dir else None
+        defaults = {}
+        if tool:
+            from project.callbacks.guards import Guards
+
+            defaults = {"callbacks": [Guards()]}
+        super().__init__(ImageClassifier, FolderDataModule, seed_everything_default=42,
+                         save_config_callback=None if tool else FitConfigSaver,
+                         save_config_kwargs={"overwrite": True}, trainer_defaults=defaults,
+                         auto_configure_optimizers=False, args=args, run=run)
 
     def add_arguments_to_parser(self, parser) -> None:
-        # The data decides the classes and the input size; the model stores them for export.
+        # The data decides the classes; the model keeps them for export and predict.
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
-        parser.link_arguments("data.image_size", "model.image_size")
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
-        """fit, validate, test. Lightning's ``predict`` is left out: ``python -m project predict``
-        is the project's own command (a CSV of predictions for a folder of images)."""
+        """fit, validate, test: ``python -m project predict`` is the project's own command."""
         return {k: v for k, v in LightningCLI.subcommands().items() if k != "predict"}
 
     def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        seed = config.get("seed_everything")
+        if config.data.get("seed") is None and isinstance(seed, int) and not isinstance(seed, bool):
+            config.data.seed = config.seed_everything  # the training draw follows the run's seed
+        trainer = config.trainer
+        on_gpu = torch.cuda.is_available() and "cpu" not in str(trainer.get("accelerator") or "auto")
+        if not on_gpu and str(trainer.get("precision")) in HALF_PRECISIONS and not cpu_has_bfloat16():
+            log.info("Notice: trainer.precision=%s becomes 32-true: this CPU has no bfloat16 "
+                     "instructions (AVX-512 BF16 or AMX), where bf16 runs ~10x slower than float32",
+                     trainer.precision)
+            trainer.precision = "32-true"
+        if trainer.get("sync_batchnorm") and not on_gpu:
+            log.info("Notice: trainer.sync_batchnorm turned off: SyncBatchNorm needs GPUs, and this "
+                     "run is on the CPU (each process keeps its own BatchNorm statistics).")
+            trainer.sync_batchnorm = False
         if self.tool:
             return
-        config = self.config[self.subcommand] if self.subcommand else self.config
-        for key, value in self.model_overrides.items():
-            config.model[key] = value
-        self._preprocessing_from_weights(config)
-        trainer = config.trainer
-        self._add_required_callbacks(trainer)
-        if trainer.get("sync_batchnorm") and not _on_gpu(trainer.get("accelerator")):
-            log.info("Notice: trainer.sync_batchnorm turned off: SyncBatchNorm needs GPUs, and "
-                     "this run is on the CPU (each process keeps its own BatchNorm statistics).")
-            trainer.sync_batchnorm = False
+        if self.run_dir is not None or isinstance(trainer.get("logger"), list):
+            from project.runs import place_loggers  # one run folder for every logger
 
-    @staticmethod
-    def _preprocessing_from_weights(config: Namespace) -> None:
-        """Unset ``data.crop_ratio/interpolation/mean/std`` take the pretrained weights' values;
-        the model gets the same, so checkpoint, export and predict repeat them."""
-        resolved = weights_preprocessing(config.model.backbone, config.model.weights)
-        for key, value in resolved.items():
-            if config.data.get(key) is None:
-                config.data[key] = value
-            config.model[key] = config.data[key]
-
-    @staticmethod
-    def _add_required_callbacks(trainer: Namespace) -> None:
-        """The guards of a correct run stay on even if a config leaves them out, and the run
-        says which it added (configs/train.yaml lists them all)."""
+            place_loggers(trainer, self.run_dir)
         callbacks = list(trainer.get("callbacks") or [])
-        present = {getattr(c, "class_path", type(c).__module__ + "." + type(c).__name__)
-                   for c in callbacks}
+        present = {getattr(c, "class_path", "") for c in callbacks}
         missing = [path for path in REQUIRED_CALLBACKS if path not in present]
         if missing:
-            log.info("Notice: added callbacks that every training run needs but the config lacks: "
-                     "%s", ", ".join(p.rsplit(".", 1)[1] for p in missing))
-            callbacks += [Namespace(class_path=p, init_args=Namespace()) for p in missing]
-            trainer.callbacks = callbacks
+            log.info("Notice: added callbacks that every training run needs but the config lacks: %s",
+                     ", ".join(p.rsplit(".", 1)[1] for p in missing))
+            trainer.callbacks = callbacks + [Namespace(class_path=p, init_args=Namespace()) for p in missing]
 
     def _check_checkpoint(self, subcommand: str) -> None:
         ckpt = self.config_init[subcommand].get("ckpt_path")
         if ckpt:
+            from project.checkpoints import check_checkpoint_classes
+
             check_checkpoint_classes(Path(ckpt), self.datamodule.class_names)
 
     def before_fit(self) -> None:
@@ -127,105 +127,25 @@ class ProjectCLI(LightningCLI):
         self._check_checkpoint("test")
 
 
-def _on_gpu(accelerator: object) -> bool:
-    """Whether an ``accelerator`` setting ends up on CUDA GPUs."""
-    name = str(getattr(accelerator, "class_path", accelerator) or "auto").lower()
-    return torch.cuda.is_available() and ("cpu" not in name)
+def cpu_has_bfloat16() -> bool:
+    """Whether this CPU computes bfloat16 natively. x86 CPUs without AVX-512 BF16 or AMX emulate
+    it (bf16 autocast ran 10x slower than float32 on an AVX2 machine). Outside Linux it cannot
+    tell and trusts Lightning's choice."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return True
+    flags = set(re.findall(r"[\w.]+", " ".join(line for line in text.splitlines()
+                                                 if line.startswith(("flags", "Features")))))
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
-def _run_args(run: Path) -> list[str]:
-    """Arguments that make a new invocation write into the existing run folder ``run``."""
-    config = run / "config.yaml"
-    if not config.is_file():
-        raise CheckpointError(f"'{config}' is missing, so the run's settings are unknown")
-    return ["--config", str(config), f"--trainer.logger.init_args.version={run.name}"]
-
-
-def resume(argv: list[str]) -> int:
-    """``resume [RUN_DIR] [overrides]``: continue a run from its ``last.ckpt``, same folder."""
-    explicit = argv[0] if argv and not argv[0].startswith("-") else None
-    run = Path(explicit) if explicit else newest_run()
-    ckpt = last_checkpoint(run)
-    overrides = argv[1:] if explicit else argv
-    log.info("Resuming %s from %s", run, ckpt)
-    ProjectCLI(args=["fit", *_run_args(run), f"--ckpt_path={ckpt}", *overrides])
-    return 0
-
-
-def evaluate(argv: list[str]) -> int:
-    """``evaluate [CKPT_OR_RUN_DIR|best|last] [overrides]``: test with the run's own config."""
-    spec = argv[0] if argv and not argv[0].startswith("-") else None
-    ckpt = resolve_checkpoint(spec)
-    run = ckpt.parent.parent
-    overrides, tta = _pop_option(argv[1:] if spec else argv, "--tta")
-    if tta:
-        config = yaml.safe_load((run / "config.yaml").read_text()) if (run / "config.yaml").is_file() else {}
-        check_tta(tta, (config.get("data") or {}).get("hflip"))
-    ProjectCLI(args=["test", *_run_args(run), f"--ckpt_path={ckpt}", "--verbose=false", *overrides],
-               model_overrides={"tta": tta} if tta else None)
-    return 0
-
-
-def _pop_option(argv: list[str], name: str) -> tuple[list[str], str | None]:
+def pop_option(argv: list[str], name: str) -> tuple[list[str], str | None]:
     """``argv`` without ``name VALUE`` / ``name=VALUE``, and that value."""
-    rest, value, i = [], None, 0
-    while i < len(argv):
-        if argv[i] == name and i + 1 < len(argv):
-            value, i = argv[i + 1], i + 2
-            continue
-        if argv[i].startswith(name + "="):
-            value = argv[i].split("=", 1)[1]
-        else:
-            rest.append(argv[i])
-        i += 1
-    return rest, value
-
-
-def _resolve_ckpt_alias(argv: list[str]) -> list[str]:
-    """``--ckpt_path best|last`` for validate/test means the newest run's file."""
-    if not argv or argv[0] not in ("validate", "test"):
-        return argv
-    out = list(argv)
-    for i, arg in enumerate(out):
-        if arg == "--ckpt_path" and i + 1 < len(out) and out[i + 1] in ("best", "last"):
-            out[i + 1] = str(resolve_checkpoint(out[i + 1]))
-        elif arg in ("--ckpt_path=best", "--ckpt_path=last"):
-            out[i] = f"--ckpt_path={resolve_checkpoint(arg.split('=', 1)[1])}"
-    return out
-
-
-def _lazy(module: str, name: str = "main") -> Callable[[list[str]], int]:
-    def run(argv: list[str]) -> int:
-        import importlib
-
-        return getattr(importlib.import_module(module), name)(argv)
-
-    return run
-
-
-COMMANDS: dict[str, Callable[[list[str]], int]] = {
-    "resume": resume,
-    "evaluate": evaluate,
-    "predict": _lazy("project.deploy.predict"),
-    "export": _lazy("project.deploy.export"),
-    "check-data": _lazy("project.diagnose.check_data"),
-    "resize-data": _lazy("project.data.resize"),
-    "optimize-data": _lazy("project.data.optimize"),
-    "models": _lazy("project.model.zoo"),
-    "overfit": _lazy("project.diagnose.tools", "overfit"),
-    "lr-find": _lazy("project.diagnose.tools", "lr_find"),
-    "find-batch-size": _lazy("project.diagnose.tools", "find_batch_size"),
-    "sweep": _lazy("project.sweep.command"),
-    "calibrate": _lazy("project.model.calibration"),
-    "suspects": _lazy("project.diagnose.suspects"),
-}
-
-
-class _DropAdverts(logging.Filter):
-    """Lightning 2.6 prints a cloud-service tip on every run; it is not about this run."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "Tip: For seamless cloud logging" not in record.getMessage()
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument(name)
+    found, rest = parser.parse_known_args(argv)
+    return rest, getattr(found, name.lstrip("-"))
 
 
 def setup_logging() -> None:
@@ -233,7 +153,9 @@ def setup_logging() -> None:
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
     # raised inside Lightning with this torch version; nothing a user can act on
     warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\)")
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropAdverts())
+    # Lightning 2.6 advertises a cloud service on every run; it is not about this run
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
+        lambda record: "Tip: For seamless cloud logging" not in record.getMessage())
     logger = logging.getLogger("project")
     if not logger.handlers:
         handler = logging.StreamHandler()
@@ -251,8 +173,14 @@ def main(argv: list[str] | None = None) -> int:
             print("Project commands (each takes --help): " + ", ".join(COMMANDS) +
                   "\nLightningCLI subcommands follow.\n")
         if argv and argv[0] in COMMANDS:
-            return COMMANDS[argv[0]](argv[1:]) or 0
-        ProjectCLI(args=_resolve_ckpt_alias(argv))
+            module, function = COMMANDS[argv[0]].split(":")
+            return getattr(importlib.import_module(module), function)(argv[1:]) or 0
+        argv, run_dir = pop_option(argv, "--run_dir")
+        if argv and argv[0] in ("validate", "test"):
+            from project.runs import resolve_ckpt_alias  # --ckpt_path best|last
+
+            argv = resolve_ckpt_alias(argv)
+        ProjectCLI(args=argv, run_dir=run_dir)
         return 0
     except ProjectError as err:
         message = str(err).strip()
@@ -261,10 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {message}", file=sys.stderr)
         return 2
     finally:
-        _close_process_group()
+        close_process_group()
 
 
-def _close_process_group() -> None:
+def close_process_group() -> None:
     """Lightning leaves the DDP process group open; gloo's threads can then abort the process
     at interpreter exit ('terminate called without an active exception')."""
     import torch.distributed as dist

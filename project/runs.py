@@ -1,30 +1,34 @@
-"""Find runs and their checkpoints under ``logs/``: the newest run, its last and best files."""
+"""Runs under ``logs/``: the newest run, its last and best checkpoints, and ``resume``."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+
+from jsonargparse import Namespace
 
 from project.errors import ProjectError
 
 LOG_ROOT = Path("logs")
+log = logging.getLogger("project")
 
 
 class RunNotFoundError(ProjectError, FileNotFoundError):
     """No run or checkpoint where one was expected; the message says what to run first."""
 
 
-def run_dirs(root: Path = LOG_ROOT) -> list[Path]:
-    """Run folders (those holding a ``checkpoints/`` folder), oldest first by modification."""
-    if not root.is_dir():
-        return []
-    runs = {p.parent.parent for p in root.rglob("checkpoints/*.ckpt")}
-    runs = {r for r in runs if checkpoints(r)}  # not only a half-written temporary file
-    return sorted(runs, key=lambda r: max(f.stat().st_mtime for f in checkpoints(r)))
-
-
 def checkpoints(run: Path, pattern: str = "*.ckpt") -> list[Path]:
     """The complete checkpoint files of ``run`` (temporary ``.name.tmp.ckpt`` files excluded)."""
     return [p for p in (run / "checkpoints").glob(pattern) if not p.name.startswith(".")]
+
+
+def run_dirs(root: Path = LOG_ROOT) -> list[Path]:
+    """Run folders (those holding checkpoints), oldest first by their newest checkpoint."""
+    if not root.is_dir():
+        return []
+    runs = {p.parent.parent for p in root.rglob("checkpoints/*.ckpt")}
+    runs = {r for r in runs if checkpoints(r)}
+    return sorted(runs, key=lambda r: max(f.stat().st_mtime for f in checkpoints(r)))
 
 
 def newest_run(root: Path = LOG_ROOT) -> Path:
@@ -34,13 +38,18 @@ def newest_run(root: Path = LOG_ROOT) -> Path:
     return runs[-1]
 
 
+def run_config(run: Path) -> Path:
+    config = run / "config.yaml"
+    if not config.is_file():
+        raise RunNotFoundError(f"'{config}' is missing, so the run's settings are unknown")
+    return config
+
+
 def last_checkpoint(run: Path) -> Path:
     path = run / "checkpoints" / "last.ckpt"
     if not path.is_file():
-        raise RunNotFoundError(
-            f"'{path}' does not exist, so there is nothing to resume from; start a new run "
-            "with `make train` instead"
-        )
+        raise RunNotFoundError(f"'{path}' does not exist, so there is nothing to resume from; start "
+                               "a new run with `make train` instead")
     return path
 
 
@@ -51,14 +60,64 @@ def best_checkpoint(run: Path) -> Path:
 
 
 def resolve_checkpoint(spec: str | None, root: Path = LOG_ROOT) -> Path:
-    """``best`` / ``last`` / None (the newest run's best) / a path, checked to exist."""
+    """``best`` / ``last`` / None (the newest run's best) / a run folder / a file, checked to
+    exist and to be a checkpoint of this project (one reader for every command)."""
     if spec in (None, "", "best"):
-        return best_checkpoint(newest_run(root))
-    if spec == "last":
-        return last_checkpoint(newest_run(root))
-    path = Path(spec)
-    if path.is_dir():  # a run folder
-        return best_checkpoint(path)
-    if not path.is_file():
-        raise RunNotFoundError(f"checkpoint '{path}' does not exist")
+        path = best_checkpoint(newest_run(root))
+    elif spec == "last":
+        path = last_checkpoint(newest_run(root))
+    elif Path(spec).is_dir():
+        path = best_checkpoint(Path(spec))
+    else:
+        path = Path(spec)
+    from project.checkpoints import read_checkpoint
+
+    read_checkpoint(path, mmap=True)  # one line of error for a missing or foreign file
     return path
+
+
+def resume(argv: list[str]) -> int:
+    """``resume [RUN_DIR] [overrides]``: continue a run from its ``last.ckpt``, same folder."""
+    from project.cli import ProjectCLI
+
+    explicit = argv[0] if argv and not argv[0].startswith("-") else None
+    run = Path(explicit) if explicit else newest_run()
+    ckpt = last_checkpoint(run)
+    log.info("Resuming %s from %s", run, ckpt)
+    ProjectCLI(args=["fit", "--config", str(run_config(run)), f"--ckpt_path={ckpt}",
+                     *(argv[1:] if explicit else argv)], run_dir=run)
+    return 0
+
+
+def resolve_ckpt_alias(argv: list[str]) -> list[str]:
+    """``--ckpt_path best|last`` for validate/test means the newest run's file."""
+    from project.cli import pop_option
+
+    rest, ckpt = pop_option(argv, "--ckpt_path")
+    if ckpt in ("best", "last"):
+        ckpt = str(resolve_checkpoint(ckpt))
+    return rest + ([f"--ckpt_path={ckpt}"] if ckpt else [])
+
+
+def place_loggers(trainer: Namespace, run_dir: Path | None) -> None:
+    """Every logger writes to one run folder: ``run_dir`` (resume, evaluate, a sweep trial) or,
+    for a new run with several loggers, the first one's next ``version_N``. A single logger of a
+    new run is left to Lightning."""
+    items = trainer.get("logger")
+    items = items if isinstance(items, list) else [items]
+    placeable = [lg for lg in items if isinstance(lg, Namespace)
+                 and isinstance(lg.get("init_args"), Namespace)
+                 and {"save_dir", "name", "version"} <= set(lg.init_args.keys())]
+    if not placeable or (run_dir is None and len(placeable) < 2):
+        return
+    if run_dir is None:
+        first = placeable[0].init_args
+        root = Path(first.save_dir or ".") / (first.name or "")
+        run_dir = root / (str(first.version) if first.version is not None else next_version(root))
+    for lg in placeable:
+        lg.init_args.save_dir, lg.init_args.name, lg.init_args.version = str(run_dir.parent), "", run_dir.name
+
+
+def next_version(root: Path) -> str:
+    taken = [int(p.name[8:]) for p in root.glob("version_*") if p.name[8:].isdigit()] if root.is_dir() else []
+    return f"version_{max(taken, default=-1) + 1}"

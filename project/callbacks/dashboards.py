@@ -1,62 +1,73 @@
-"""TensorBoard views beyond scalars: sample grids, confusion matrices, most confused pairs,
-precision-recall curves, top losses and reliability diagrams."""
+"""TensorBoard: the run's logger, its learning-rate curve, sample images, the confusion matrix.
+
+What a user sees first is laid out here. TensorBoard's Time Series sorts cards by tag, groups
+them by the tag's first part and opens only the first two groups, so every chart of the default
+run is in ``train/`` or ``val/``, and within ``val/`` the overview (``acc``, ``acc_best``,
+``confusion_matrix``, ``loss``) sorts before ``macro_*`` and ``per_class/``. The heavier views
+(PR curves, top losses, reliability) are the analysis preset's and ``evaluate``'s.
+"""
 
 from __future__ import annotations
 
+import math
+
 import lightning as L
+import matplotlib
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from project.callbacks.mistakes import sample_rows, top_losses_figure
-from project.callbacks.plots import confusion_figure, image_grid_figure, reliability_figure
-from project.model.metrics import confused_pairs
+from project.data.transforms import denormalise
+
+matplotlib.use("Agg")  # no display needed
+from matplotlib import pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
 
-def confused_pairs_markdown(confusion: torch.Tensor, class_names: list[str], top: int = 5) -> str:
-    pairs = confused_pairs(confusion, class_names, top)
-    if not pairs:
-        return "No confusions: every image was classified correctly."
-    lines = ["| true | predicted as | count | share of true |", "|---|---|---|---|"]
-    lines += [f"| {p['true']} | {p['predicted']} | {p['count']} | {p['share_of_true']:.1%} |"
-              for p in pairs]
-    return "\n".join(lines)
+def tensorboard(trainer: L.Trainer):
+    """The run's TensorBoard ``SummaryWriter``, or None without a TensorBoardLogger."""
+    return next((lg.experiment for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
+
+
+class TensorBoard(TensorBoardLogger):
+    """Lightning's TensorBoard logger without the ``epoch`` series Lightning adds to every write:
+    as a chart it only maps steps to epochs, and it would take one of the two groups TensorBoard
+    opens, leaving ``val/`` closed."""
+
+    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+        super().log_metrics({k: v for k, v in metrics.items() if k != "epoch"}, step)
+
+
+class LearningRate(Callback):
+    """``train/lr``: the backbone's learning rate at every logged step (its top block's, with
+    layer decay); the head's is ``head_lr_mult`` times it. Every group's own curve: the
+    diagnose preset's LearningRateMonitor."""
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch,
+                             batch_idx: int) -> None:
+        groups = [g for opt in trainer.optimizers for g in opt.param_groups]
+        backbone = [g["lr"] for g in groups if str(g.get("name", "")).startswith("backbone")]
+        pl_module.log("train/lr", max(backbone or [g["lr"] for g in groups]), on_step=True, on_epoch=False)
 
 
 class Dashboards(Callback):
-    """Adds images and text to the TensorBoard run.
+    """At the start of fit: grids of augmented training images (what the model really sees) and
+    of validation images. After each validation epoch and at test: the confusion matrix (Images
+    tab) and the most confused class pairs (Text tab)."""
 
-    At the start of fit: a grid of augmented training images (what the model really sees,
-    de-normalised) and one of validation images. After each validation epoch and at test: the
-    confusion matrix, the most confused class pairs and a precision-recall curve per class
-    (PR curves tab, ``<stage>/pr_curve/<class>``). At the end of fit and of test: the
-    ``top_losses`` highest-loss images (``<stage>/top_losses``) and the reliability diagram
-    (``<stage>/reliability``) of the last epoch's model.
-    """
-
-    def __init__(self, num_samples: int = 32, top_pairs: int = 5, top_losses: int = 24) -> None:
-        self.num_samples = num_samples
-        self.top_pairs = top_pairs
-        self.top_losses = top_losses
-
-    @staticmethod
-    def _writer(trainer: L.Trainer):
-        for logger in trainer.loggers:
-            if isinstance(logger, TensorBoardLogger):
-                return logger.experiment
-        return None
+    def __init__(self, num_samples: int = 32, top_pairs: int = 5) -> None:
+        self.num_samples, self.top_pairs = num_samples, top_pairs
 
     @rank_zero_only
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        writer = self._writer(trainer)
-        dm = trainer.datamodule
+        writer, dm = tensorboard(trainer), trainer.datamodule
         if writer is None or dm is None or trainer.global_step > 0:
             return
-        names = pl_module.class_names
+        pre = pl_module.preprocessing
         for split, title in (("train", "training images, augmented"), ("val", "validation images")):
-            dataset = dm.datasets.get(split)
-            if dataset is None:
+            dataset = getattr(dm, "datasets", {}).get(split)
+            if dataset is None or not hasattr(dataset, "__len__"):
                 continue
             items = []
             for i in range(min(self.num_samples, len(dataset))):
@@ -65,53 +76,84 @@ class Dashboards(Callback):
                 if item is not None:
                     items.append(item)
             if items:
-                images = torch.stack([x for x, _ in items])
-                labels = [names[y] for _, y in items]
-                writer.add_figure(f"samples/{split}", image_grid_figure(images, labels, title), 0)
+                images = denormalise(torch.stack([x for x, _ in items]), pre.mean, pre.std)
+                labels = [pl_module.class_names[y] for _, y in items]
+                writer.add_figure(f"{split}/samples", grid_figure(images, labels, title), 0)
 
-    def _log_confusion(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        writer = self._writer(trainer)
-        result = getattr(pl_module, "results", {}).get(stage)
+    def log_confusion(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        writer, result = tensorboard(trainer), pl_module.results.get(stage)
         if writer is None or result is None or trainer.sanity_checking:
             return
         cm, names, step = result[f"{stage}/confusion"], pl_module.class_names, trainer.global_step
         title = f"{stage} confusion matrix (epoch {trainer.current_epoch})"
         writer.add_figure(f"{stage}/confusion_matrix", confusion_figure(cm, names, title), step)
-        writer.add_text(f"{stage}/confused_pairs",
-                        confused_pairs_markdown(cm, names, self.top_pairs), step)
-        samples = getattr(pl_module, "samples", {}).get(stage)
-        if samples is not None and len(samples["target"]):
-            probs = (samples["logits"] / float(pl_module.temperature)).softmax(-1)
-            for c, name in enumerate(names):
-                writer.add_pr_curve(f"{stage}/pr_curve/{name}", samples["target"] == c,
-                                    probs[:, c], step)
-
-    def _log_images(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        """The highest-loss images and the reliability diagram of the last ``stage`` epoch."""
-        writer = self._writer(trainer)
-        samples = getattr(pl_module, "samples", {}).get(stage)
-        if writer is None or samples is None or not len(samples["target"]):
-            return
-        loader = trainer.val_dataloaders if stage == "val" else trainer.test_dataloaders
-        dataset = getattr(loader, "dataset", None)
-        t, hp, step = float(pl_module.temperature), pl_module.hparams, trainer.global_step
-        rows = sample_rows(samples, pl_module.class_names, t, dataset)
-        fig = top_losses_figure(rows, dataset, hp.mean, hp.std, f"{stage} top losses",
-                                self.top_losses)
-        if fig is not None:
-            writer.add_figure(f"{stage}/top_losses", fig, step)
-        writer.add_figure(f"{stage}/reliability", reliability_figure(
-            samples["logits"], samples["target"], t, title=f"{stage} reliability diagram"), step)
+        pairs = confused_pairs(cm, names, self.top_pairs)
+        writer.add_text(f"{stage}/confused_pairs", pairs_markdown(pairs), step)
 
     @rank_zero_only
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._log_confusion(trainer, pl_module, "val")
-
-    @rank_zero_only
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._log_images(trainer, pl_module, "val")
+        self.log_confusion(trainer, pl_module, "val")
 
     @rank_zero_only
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._log_confusion(trainer, pl_module, "test")
-        self._log_images(trainer, pl_module, "test")
+        self.log_confusion(trainer, pl_module, "test")
+
+
+def confused_pairs(confusion: torch.Tensor, class_names: list[str], top: int = 5) -> list[dict]:
+    """The largest off-diagonal counts: which true class is most often taken for which."""
+    cm = confusion.detach().cpu().clone()
+    support = cm.sum(1)
+    cm.fill_diagonal_(0)
+    pairs = []
+    for flat in torch.argsort(cm.flatten(), descending=True)[:top].tolist():
+        i, j = divmod(flat, cm.shape[1])
+        if int(cm[i, j]) == 0:
+            break
+        pairs.append({"true": class_names[i], "predicted": class_names[j], "count": int(cm[i, j]),
+                      "share_of_true": int(cm[i, j]) / max(int(support[i]), 1)})
+    return pairs
+
+
+def pairs_markdown(pairs: list[dict]) -> str:
+    lines = ["| true | predicted as | count | share of true |", "|---|---|---|---|"]
+    lines += [f"| {p['true']} | {p['predicted']} | {p['count']} | {p['share_of_true']:.1%} |" for p in pairs]
+    return "\n".join(lines) if pairs else "No confusions: every image was classified correctly."
+
+
+def confusion_figure(confusion: torch.Tensor, class_names: list[str], title: str) -> Figure:
+    """Counts in the cells; colour by row share, so a poorly recalled class stands out."""
+    cm = confusion.detach().cpu().double()
+    share = cm / cm.sum(1, keepdim=True).clamp(min=1)
+    n = len(class_names)
+    side = max(4.0, 0.6 * n + 2)
+    fig, ax = plt.subplots(figsize=(side, side * 0.9))
+    im = ax.imshow(share.numpy(), cmap="Blues", vmin=0, vmax=1)
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="share of the true class")
+    ax.set_xticks(range(n), class_names, rotation=45, ha="right")
+    ax.set_yticks(range(n), class_names)
+    ax.set(xlabel="predicted", ylabel="true", title=title)
+    if n <= 30:
+        for i in range(n):
+            for j in range(n):
+                colour = "white" if share[i, j] > 0.5 else "black"
+                ax.text(j, i, int(cm[i, j]), ha="center", va="center", color=colour, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def grid_figure(images: torch.Tensor, titles: list[str], title: str, wrong: list[bool] | None = None,
+                cols: int = 8) -> Figure:
+    """Images in 0..1 (N, 3, H, W) in a grid, each with a (multi-line) title; the titles of
+    ``wrong`` images in red."""
+    cols = max(1, min(cols, len(images)))
+    rows = max(1, math.ceil(len(images) / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(2.0 * cols, 2.3 * rows), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    flags = wrong or [False] * len(images)
+    for ax, image, label, bad in zip(axes.flat, images, titles, flags, strict=False):
+        ax.imshow(image.permute(1, 2, 0).cpu().numpy())
+        ax.set_title(label, fontsize=7, color="tab:red" if bad else "black")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import torch
 from lightning.pytorch.callbacks import WeightAveraging
+from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 
 def ema_update(decay: float, warmup: bool):
-    """``avg_fn`` for ``AveragedModel``: with ``warmup`` the decay grows as (1 + n) / (10 + n)
-    up to ``decay`` (timm's ModelEmaV3), so the average of a short run is not stuck near the
-    first steps' weights."""
+    """``multi_avg_fn`` for ``AveragedModel``: every tensor of a dtype updated at once (torch's
+    ``foreach`` EMA). With ``warmup`` the decay grows as (1 + n) / (10 + n) up to ``decay``
+    (timm's ModelEmaV3), so a short run's average is not stuck near its first weights."""
 
-    def update(averaged: torch.Tensor, current: torch.Tensor, num_averaged: torch.Tensor):
-        d = min(decay, (1 + float(num_averaged)) / (10 + float(num_averaged))) if warmup else decay
-        return averaged + (current - averaged) * (1 - d)
+    def update(averaged: list[torch.Tensor], current: list[torch.Tensor], num_averaged: torch.Tensor) -> None:
+        n = float(num_averaged)
+        now = min(decay, (1 + n) / (10 + n)) if warmup else decay
+        get_ema_multi_avg_fn(now)(averaged, current, num_averaged)
 
     return update
 
@@ -36,7 +38,7 @@ class EMA(WeightAveraging):
     def __init__(self, decay: float = 0.999, warmup: bool = True, every_n_steps: int = 1) -> None:
         if not 0 < decay < 1:
             raise ValueError(f"EMA decay must be in (0, 1), got {decay}")
-        super().__init__(use_buffers=True, avg_fn=ema_update(decay, warmup))
+        super().__init__(use_buffers=True, multi_avg_fn=ema_update(decay, warmup))
         self.every_n_steps = every_n_steps
 
     def should_update(self, step_idx: int | None = None, epoch_idx: int | None = None) -> bool:

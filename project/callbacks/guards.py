@@ -1,8 +1,5 @@
-"""Checks that stop a broken run early and say why: unregistered parameters, bad inputs, NaN/Inf.
-
-These turn the troubleshooting table into messages: each names what is wrong (layer, step,
-statistics) and the setting that fixes it.
-"""
+"""Guards that stop a broken run early and say why, naming the layer, step or statistic and
+the setting that fixes it: the troubleshooting table as messages."""
 
 from __future__ import annotations
 
@@ -13,6 +10,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import nn
 
+from project.callbacks.dashboards import tensorboard
 from project.errors import ProjectError
 
 log = logging.getLogger("project")
@@ -22,9 +20,96 @@ class TrainingHealthError(ProjectError, RuntimeError):
     """A run stopped by a guard; the message holds the diagnosis and the fixes."""
 
 
+class Guards(Callback):
+    """At the start, every trainable parameter must reach an optimiser. The first batch's
+    statistics are printed (and kept as TensorBoard text), warning of un-normalised or NaN
+    inputs. The first non-finite gradient stops the run before the weights change, so no later
+    checkpoint is written (with fp16 loss scaling, after ``patience_with_scaler`` in a row)."""
+
+    def __init__(self, max_abs_input: float = 10.0, patience_with_scaler: int = 10, top: int = 5) -> None:
+        self.max_abs_input, self.patience, self.top = max_abs_input, patience_with_scaler, top
+        self.overflows = 0
+        self.batch: torch.Tensor | None = None
+        self.previous: tuple[torch.Tensor, list[str]] | None = None
+        self.first_batch_seen = False
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        hidden = plain_container_modules(pl_module)
+        missing = params_missing_from_optimizers(pl_module, trainer.optimizers)
+        if not hidden and not missing:
+            return
+        lines = ["parameters that would never train:"]
+        if hidden:
+            lines.append("  layers held in a plain Python list/tuple/dict, so model.parameters() "
+                         "does not see them: " + ", ".join(hidden))
+            lines.append("  fix: hold them in nn.ModuleList / nn.ModuleDict (or nn.Sequential)")
+        if missing:
+            lines.append("  trainable parameters in no optimiser param group: " + ", ".join(missing))
+            lines.append("  fix: include them in configure_optimizers (or set requires_grad=False)")
+        raise TrainingHealthError("\n".join(lines))
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        self.batch = batch[0] if batch is not None else None
+        if self.first_batch_seen or self.batch is None:
+            return
+        self.first_batch_seen = True
+        stats = batch_stats(self.batch)
+        text = f"First training batch {tuple(self.batch.shape)}: {format_stats(stats)}"
+        log.info(text)
+        writer = tensorboard(trainer) if trainer.is_global_zero else None
+        if writer is not None:
+            writer.add_text("input/first_batch", text, trainer.global_step)
+        if sum(stats["nonfinite"]) > 0:
+            log.warning("WARNING: the training inputs contain %d NaN/Inf values: check the data "
+                        "(python -m project check-data) and the transforms", sum(stats["nonfinite"]))
+        finite_max = max((abs(v) for v in stats["min"] + stats["max"] if abs(v) != float("inf")), default=0.0)
+        if finite_max > self.max_abs_input:
+            log.warning("WARNING: training inputs look un-normalised (values up to %.1f; expected "
+                        "roughly -3..3): is the 0..255 -> 0..1 scaling or Normalize missing?", finite_max)
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        named = [(n, p.grad) for n, p in pl_module.named_parameters() if p.grad is not None]
+        if not named:
+            return
+        # one norm per tensor, one host sync per step
+        norms = torch.stack([torch.linalg.vector_norm(g.detach()).float() for _, g in named])
+        if bool(torch.isfinite(norms).all()):
+            self.overflows = 0
+            self.previous = (norms, [n for n, _ in named])  # read only for a diagnosis
+            return
+        self.overflows += 1
+        if getattr(trainer.precision_plugin, "scaler", None) is not None and self.overflows < self.patience:
+            return
+        bad = [named[i][0] for i in (~torch.isfinite(norms)).nonzero().flatten().tolist()]
+        raise TrainingHealthError(self.diagnosis(trainer, bad, len(named)))
+
+    def diagnosis(self, trainer: L.Trainer, bad: list[str], total: int) -> str:
+        loss = trainer.callback_metrics.get("train/loss")
+        lrs = [g["lr"] for opt in trainer.optimizers for g in opt.param_groups]
+        lines = [f"non-finite gradients at step {trainer.global_step} (epoch {trainer.current_epoch}) in "
+                 f"{len(bad)} of {total} parameter tensors, first (forward order): "
+                 f"{', '.join(bad[:self.top])}"]
+        if self.previous is not None:
+            norms, names = self.previous
+            top = norms.topk(min(self.top, len(names)))
+            lines.append("  largest gradient norms at the last healthy step: " + ", ".join(
+                f"{names[i]} {v:.3g}" for v, i in zip(top.values.tolist(), top.indices.tolist(),
+                                                       strict=True)))
+        if self.batch is not None:
+            lines.append(f"  input batch: {format_stats(batch_stats(self.batch))}")
+        if loss is not None:
+            lines.append(f"  last logged train/loss: {float(loss):.4g}")
+        lines.append(f"  learning rates now: {', '.join(f'{lr:.3g}' for lr in lrs)}")
+        lines.append("  fixes: lower model.lr (try 10x smaller, or make lr-find); clip gradients "
+                     "(trainer.gradient_clip_val=1.0); check the data for NaN/Inf (make "
+                     "check-data); try trainer.precision=32-true. The last good checkpoint is "
+                     "untouched: resume from it after the fix.")
+        return "\n".join(lines)
+
+
 def plain_container_modules(model: nn.Module) -> list[str]:
-    """Modules or parameters kept in plain list/tuple/dict attributes: invisible to
-    ``model.parameters()``, so they never reach the optimiser (use nn.ModuleList/ModuleDict)."""
+    """Modules or parameters in plain list/tuple/dict attributes: ``model.parameters()`` misses
+    them, so they never train (nn.ModuleList/ModuleDict hold them properly)."""
     found = []
     for prefix, module in model.named_modules():
         for attr, value in vars(module).items():
@@ -43,25 +128,6 @@ def plain_container_modules(model: nn.Module) -> list[str]:
 def params_missing_from_optimizers(model: nn.Module, optimizers) -> list[str]:
     in_groups = {id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]}
     return [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in in_groups]
-
-
-class ParameterCheck(Callback):
-    """At the start of training: every trainable parameter must reach an optimiser."""
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        hidden = plain_container_modules(pl_module)
-        missing = params_missing_from_optimizers(pl_module, trainer.optimizers)
-        if not hidden and not missing:
-            return
-        lines = ["parameters that would never train:"]
-        if hidden:
-            lines.append("  layers held in a plain Python list/tuple/dict, so model.parameters() "
-                         "does not see them: " + ", ".join(hidden))
-            lines.append("  fix: hold them in nn.ModuleList / nn.ModuleDict (or nn.Sequential)")
-        if missing:
-            lines.append("  trainable parameters in no optimiser param group: " + ", ".join(missing))
-            lines.append("  fix: include them in configure_optimizers (or set requires_grad=False)")
-        raise TrainingHealthError("\n".join(lines))
 
 
 def batch_stats(x: torch.Tensor) -> dict[str, list[float]]:
@@ -83,95 +149,4 @@ def format_stats(stats: dict[str, list[float]]) -> str:
     return "; ".join(
         f"channel {c}: mean {stats['mean'][c]:.3g}, std {stats['std'][c]:.3g}, "
         f"min {stats['min'][c]:.3g}, max {stats['max'][c]:.3g}, non-finite {stats['nonfinite'][c]}"
-        for c in range(len(stats["mean"]))
-    )
-
-
-class InputCheck(Callback):
-    """Logs the first training batch's statistics; warns on un-normalised or NaN inputs."""
-
-    def __init__(self, max_abs: float = 10.0) -> None:
-        self.max_abs = max_abs
-        self.done = False
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
-        if self.done or batch is None:
-            return
-        self.done = True
-        stats = batch_stats(batch[0])
-        for key in ("mean", "std", "min", "max"):
-            for c, v in enumerate(stats[key]):
-                pl_module.log(f"input/{key}/c{c}", float(v), on_step=True, on_epoch=False)
-        log.info("First training batch %s: %s", tuple(batch[0].shape), format_stats(stats))
-        if sum(stats["nonfinite"]) > 0:
-            log.warning("WARNING: the training inputs contain %d NaN/Inf values: check the data "
-                        "(python -m project check-data) and the transforms", sum(stats["nonfinite"]))
-        # default: every value non-finite (warned about above) leaves no finite value to judge
-        finite_max = max((abs(v) for v in stats["min"] + stats["max"] if abs(v) != float("inf")),
-                         default=0.0)
-        if finite_max > self.max_abs:
-            log.warning("WARNING: training inputs look un-normalised (values up to %.1f; expected "
-                        "roughly -3..3): is the 0..255 -> 0..1 scaling or Normalize missing?",
-                        finite_max)
-
-
-class NonFiniteGuard(Callback):
-    """Stops at the first non-finite loss or gradient, with a diagnosis, before the weights change.
-
-    Raised in ``on_before_optimizer_step``, so the bad step is never applied and no later
-    checkpoint is written: the last good checkpoint stays as it was. With fp16 loss scaling,
-    an occasional overflow is normal (the scaler skips that step), so only ``patience``
-    overflows in a row stop the run.
-    """
-
-    def __init__(self, patience_with_scaler: int = 10, top: int = 5) -> None:
-        self.patience = patience_with_scaler
-        self.top = top
-        self.overflows = 0
-        self.batch: torch.Tensor | None = None
-        self.previous: tuple[torch.Tensor, list[str]] | None = None
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
-        self.batch = batch[0] if batch is not None else None
-
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        named = [(n, p.grad) for n, p in pl_module.named_parameters() if p.grad is not None]
-        if not named:
-            return
-        # one norm per tensor, one host sync per step
-        norms = torch.stack([torch.linalg.vector_norm(g.detach()).float() for _, g in named])
-        if bool(torch.isfinite(norms).all()):
-            self.overflows = 0
-            self.previous = (norms, [n for n, _ in named])  # read only for a diagnosis
-            return
-        scaler = getattr(trainer.precision_plugin, "scaler", None)
-        self.overflows += 1
-        if scaler is not None and self.overflows < self.patience:
-            return
-        bad = [named[i][0] for i in (~torch.isfinite(norms)).nonzero().flatten().tolist()]
-        raise TrainingHealthError(self.diagnosis(trainer, pl_module, bad, len(named)))
-
-    def diagnosis(self, trainer, pl_module, bad: list[str], total: int) -> str:
-        loss = trainer.callback_metrics.get("train/loss")
-        lrs = [g["lr"] for opt in trainer.optimizers for g in opt.param_groups]
-        lines = [
-            f"non-finite gradients at step {trainer.global_step} (epoch {trainer.current_epoch}): "
-            f"{len(bad)} of {total} parameter tensors.",
-            f"  first non-finite (forward order): {', '.join(bad[:self.top])}",
-        ]
-        if self.previous is not None:
-            norms, names = self.previous
-            top = norms.topk(min(self.top, len(names)))
-            lines.append("  largest gradient norms at the last healthy step: " + ", ".join(
-                f"{names[i]} {v:.3g}" for v, i in zip(top.values.tolist(), top.indices.tolist(),
-                                                       strict=True)))
-        if self.batch is not None:
-            lines.append(f"  input batch: {format_stats(batch_stats(self.batch))}")
-        if loss is not None:
-            lines.append(f"  last logged train/loss: {float(loss):.4g}")
-        lines.append(f"  learning rates now: {', '.join(f'{lr:.3g}' for lr in lrs)}")
-        lines.append("  fixes: lower model.lr (try 10x smaller, or make lr-find); clip gradients "
-                     "(trainer.gradient_clip_val=1.0); check the data for NaN/Inf (make "
-                     "check-data); try trainer.precision=32-true. The last good checkpoint is "
-                     "untouched: resume from it after the fix.")
-        return "\n".join(lines)
+        for c in range(len(stats["mean"])))

@@ -19,25 +19,24 @@ from project.common.files import atomic_path
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Write each checkpoint to a temporary file, fsync it, then rename it into place.
-
-    A kill at any moment leaves either the previous complete file or the new complete file,
-    never a truncated ``last.ckpt``.
-    """
+    """Write each checkpoint to a temporary file, fsync it, then rename it into place: a kill at
+    any moment leaves the previous complete file or the new one, never a truncated one."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
-        if "://" in str(path):  # remote storage: leave it to Lightning's fsspec writer
+        if "://" in str(path):  # remote storage: Lightning's fsspec writer
             return super().save_checkpoint(checkpoint, path, storage_options)
         with atomic_path(path) as tmp, open(tmp, "wb") as f:
             torch.save(checkpoint, f)
 
 
-class RngState(Callback):
-    """Save and restore the Python, NumPy and torch RNG states with each checkpoint.
+class Resilience(Callback):
+    """Exact resumes and clean stops.
 
-    Lightning restores model, optimiser, scheduler and loop counters; with these states too a
-    run resumed at an epoch boundary continues exactly as if it had never stopped. Stored as
-    plain lists and tensors so ``torch.load(weights_only=True)`` can read the checkpoint.
+    Lightning restores model, optimiser, scheduler and loop counters; the Python, NumPy and
+    torch RNG states stored here too make a run resumed at an epoch boundary continue exactly
+    as if it had never stopped (plain lists and tensors: ``weights_only`` loading reads them).
+    On SIGTERM (preemption, SLURM, ``kill``) or Ctrl+C, ``last.ckpt`` is written before the run
+    stops; other exceptions (a guard, a bug) save nothing, so the last good checkpoint stays.
     """
 
     key = "rng_states"
@@ -66,15 +65,6 @@ class RngState(Callback):
         if states["cuda"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(states["cuda"])
 
-
-class InterruptCheckpoint(Callback):
-    """On SIGTERM (preemption, SLURM, ``kill``) or Ctrl+C: save ``last.ckpt`` and stop cleanly.
-
-    Lightning turns SIGTERM into a clean stop after the current batch; this writes the
-    checkpoint that ``make resume`` continues from. Other exceptions (a NaN guard, a bug) save
-    nothing, so the last good checkpoint is never replaced by a broken state.
-    """
-
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule,
                      exception: BaseException) -> None:
         if not isinstance(exception, KeyboardInterrupt | SIGTERMException):
@@ -84,7 +74,6 @@ class InterruptCheckpoint(Callback):
             return
         path = Path(cb.dirpath) / f"{cb.CHECKPOINT_NAME_LAST}{cb.FILE_EXTENSION}"
         trainer.save_checkpoint(path)
-        cb.last_model_path = str(path)
         signal_name = "Ctrl+C" if isinstance(exception, KeyboardInterrupt) else "SIGTERM"
         rank_zero_info(f"\n{signal_name}: stopped at epoch {trainer.current_epoch}, step "
                        f"{trainer.global_step}; saved {path}. Continue with `make resume`.")

@@ -1,74 +1,79 @@
-"""Say what the run is at its start and what it achieved at its end, in the log and TensorBoard."""
+"""Say what the run is at its start, what it skipped along the way, and what it achieved."""
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import lightning as L
+import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from project.model.metrics import HP_METRICS
+from project.model.metrics import summary_metrics
 
 log = logging.getLogger("project")
 
+
 def monitored_checkpoint(trainer: L.Trainer) -> ModelCheckpoint | None:
     """The checkpoint callback that monitors a metric (the 'best' one), if any."""
-    for cb in trainer.checkpoint_callbacks:
-        if isinstance(cb, ModelCheckpoint) and cb.monitor:
-            return cb
-    return None
-
-
-def last_checkpoint_path(trainer: L.Trainer) -> str:
-    """Where ``last.ckpt`` was written (by save_last, or a ModelCheckpoint named 'last')."""
-    for cb in trainer.checkpoint_callbacks:
-        if isinstance(cb, ModelCheckpoint):
-            if cb.last_model_path:
-                return cb.last_model_path
-            if cb.filename == "last" and cb.best_model_path:
-                return cb.best_model_path
-    return ""
+    return next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint) and cb.monitor),
+                None)
 
 
 def run_hparams(trainer: L.Trainer, module: L.LightningModule) -> dict:
-    """Model and data settings plus what was resolved at start (weights, effective LR)."""
-    params = {f"model/{k}": v for k, v in module.hparams.items() if k != "class_names"}
+    """Model and data settings plus what was resolved at the start (weights, effective LR)."""
+    params = {f"model/{k}": v for k, v in module.hparams.items() if k not in ("class_names", "_instantiator")}
     if trainer.datamodule is not None:
-        params.update({f"data/{k}": v for k, v in trainer.datamodule.hparams.items()})
-    params.update({
-        "pretrained": getattr(module, "pretrained", None),
-        "effective_lr": getattr(module, "effective_lr", None),
-        "effective_head_lr_mult": getattr(module, "head_lr_mult", None),
-        "global_batch_size": getattr(module, "global_batch", None),
-        "precision": trainer.precision,
-        "devices": trainer.num_devices,
-        "num_nodes": trainer.num_nodes,
-    })
+        params.update({f"data/{k}": v for k, v in trainer.datamodule.hparams.items() if k != "_instantiator"})
+    lr, batch = module.run_lr() if hasattr(module, "run_lr") else (None, None)
+    params.update({"pretrained": getattr(module, "pretrained", None), "effective_lr": lr,
+                   "effective_head_lr_mult": getattr(module, "head_lr_mult", None),
+                   "global_batch_size": batch, "precision": trainer.precision,
+                   "devices": trainer.num_devices, "num_nodes": trainer.num_nodes})
     return {k: (str(v) if isinstance(v, list | tuple | dict) else v) for k, v in params.items()}
 
 
 class RunSummary(Callback):
-    """Logs the hyperparameters for TensorBoard's HPARAMS tab and prints an end-of-fit summary.
+    """The run's settings in every logger (``hparams.yaml``; TensorBoard's HPARAMS table, with
+    ``metrics.summary_metrics`` as columns); after each epoch, the undecodable images skipped so
+    far (``train/skipped_images``); at the end, the key numbers and the checkpoints."""
 
-    The ``hp/`` metrics are declared here with a placeholder and updated by every validation
-    epoch (Lightning's documented pattern), so the HPARAMS table compares finished runs.
-    """
+    def __init__(self) -> None:
+        self.reported: set[str] = set()
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # before Lightning writes hparams.yaml; a resumed run keeps its first entry
+        if stage != "fit" or not trainer.is_global_zero or trainer.ckpt_path:
+            return
+        params = run_hparams(trainer, pl_module)
+        for logger in trainer.loggers:
+            logger.log_hyperparams(params)
+            if isinstance(logger, TensorBoardLogger):  # the HPARAMS table's metric columns
+                from torch.utils.tensorboard.summary import hparams
+
+                for summary in hparams(params, dict.fromkeys(summary_metrics(), 0.0)):
+                    logger.experiment.file_writer.add_summary(summary)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         log_dir = trainer.log_dir  # a collective under DDP: every rank must ask
-        if not trainer.is_global_zero:
+        if trainer.is_global_zero:
+            log.info("Training %s (%s) on %d classes: %s. Logs: %s", pl_module.hparams.backbone,
+                     pl_module.weights_note, pl_module.hparams.num_classes,
+                     ", ".join(pl_module.class_names), log_dir)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        datasets = getattr(trainer.datamodule, "datasets", {})
+        local = [p for ds in datasets.values() for p in ds.skipped_paths()]
+        skipped = sorted({p for paths in gather(local) for p in paths})  # ranks may share a file
+        if not skipped:
             return
-        if trainer.global_step == 0:
-            params = run_hparams(trainer, pl_module)
-            for logger in trainer.loggers:  # only TensorBoard's HPARAMS tab takes metrics
-                if isinstance(logger, TensorBoardLogger):
-                    logger.log_hyperparams(params, dict.fromkeys(HP_METRICS, 0.0))
-                else:
-                    logger.log_hyperparams(params)
-        log.info("Training %s (%s) on %d classes: %s. Logs: %s",
-                 pl_module.hparams.backbone, pl_module.weights_note, pl_module.hparams.num_classes,
-                 ", ".join(pl_module.class_names), log_dir)
+        pl_module.log("train/skipped_images", float(len(skipped)), rank_zero_only=True)
+        new = [p for p in skipped if p not in self.reported]
+        self.reported.update(new)
+        if new and trainer.is_global_zero:
+            log.warning("Skipped %d undecodable image(s) so far (%d new here): %s. Run `python -m "
+                        "project check-data` for details.", len(skipped), len(new), ", ".join(new))
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         log_dir = trainer.log_dir  # a collective under DDP: every rank must ask
@@ -77,18 +82,24 @@ class RunSummary(Callback):
         metrics = trainer.callback_metrics
         lines = ["", "=" * 72, f"Run finished after {trainer.current_epoch} epochs "
                  f"({trainer.global_step} steps). Logs: {log_dir}"]
-        for key in ("val/acc", "val/acc_best", "val/f1_macro", "val/loss"):
-            if key in metrics:
-                lines.append(f"  {key:<14} {float(metrics[key]):.4f}")
+        lines += [f"  {key:<14} {float(metrics[key]):.4f}" for key in summary_metrics() if key in metrics]
         best = monitored_checkpoint(trainer)
         if best is not None and best.best_model_path:
             lines.append(f"  best checkpoint ({best.monitor}={float(best.best_model_score):.4f}): "
                          f"{best.best_model_path}")
-        last = last_checkpoint_path(trainer)
-        if last:
+        last = Path(best.dirpath) / "last.ckpt" if best is not None and best.dirpath else None
+        if last is not None and last.is_file():
             lines.append(f"  last checkpoint (for make resume): {last}")
-        if not pl_module.pretrained and pl_module.hparams.weights is not None:
+        if not getattr(pl_module, "pretrained", True) and pl_module.hparams.get("weights") is not None:
             lines.append(f"  WARNING: pretrained weights were NOT used ({pl_module.weights_note}); "
                          "see the warning at the start of the run for the fix.")
-        lines.append("=" * 72)
-        print("\n".join(lines), flush=True)
+        print("\n".join(lines + ["=" * 72]), flush=True)
+
+
+def gather(local: list[str]) -> list[list[str]]:
+    """Every rank's list, on every rank. A collective: every rank must call it."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [local]
+    gathered: list[list[str] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, local)
+    return [paths or [] for paths in gathered]

@@ -1,7 +1,4 @@
-"""Files: one atomic writer and one way to list images, shared by training, deployment and tools.
-
-Torch-free on purpose: ``project/deploy/infer.py`` uses it where torch is not installed.
-"""
+"""One atomic writer and one image lister for training, deployment and tools (torch-free)."""
 
 from __future__ import annotations
 
@@ -10,8 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-# The formats the data folder may hold (Pillow decodes them all). Other files are ignored, and
-# check-data names the ones that look like images with another extension.
+# The formats training reads (Pillow decodes them all); check-data names other files.
 IMAGE_EXTENSIONS = frozenset(
     {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
 )
@@ -19,11 +15,8 @@ IMAGE_EXTENSIONS = frozenset(
 
 @contextmanager
 def atomic_path(final: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``final``; once the block has written it, fsync and rename.
-
-    A crash or an error at any moment leaves either the old complete file or the new complete
-    one, never a half-written file under the final name (the temporary one is removed).
-    """
+    """Yield a temporary path beside ``final``; once the block has written it, fsync and rename:
+    a crash or an error leaves the old complete file or the new one, never a half-written one."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.stem}.tmp{final.suffix}")
@@ -47,8 +40,8 @@ def is_image_file(name: str) -> bool:
 
 
 def walk_files(folder: str | Path) -> list[str]:
-    """Every non-hidden file below ``folder``, sorted, following symlinked folders but never
-    in a cycle (broken links included: check-data reports them)."""
+    """Every non-hidden file below ``folder``, sorted, following symlinked folders but never in
+    a cycle (broken links included: check-data reports them)."""
     found: list[str] = []
     seen: set[str] = set()
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):

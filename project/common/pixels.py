@@ -1,26 +1,27 @@
-"""Pixel helpers that need only Pillow and NumPy, shared by training and torch-free inference.
+"""One image reader, :func:`read_rgb`, for training, the cache, predict, infer.py and resize-data.
 
-Keep this module free of torch: ``project/infer.py`` runs where torch is not installed.
-
-One reader, :func:`read_rgb`, for every path (training, the cache, ``predict``, ``infer.py``,
-``resize-data``): EXIF orientation applied, any mode converted to 8-bit RGB and, when a short
-side is asked for, the image reduced to it. A JPEG is then decoded at 1/2, 1/4 or 1/8 scale
-by the decoder itself (Pillow's draft mode, DCT scaling: a 12-MP photo in ~25 ms instead of
-~150 ms), and every format is resized once more, with :data:`REDUCE_FILTER`, to the exact side.
+Torch-free (infer.py runs without torch). EXIF orientation applied, any mode to 8-bit RGB and,
+when a short side is asked for, reduced to it: a JPEG decodes at 1/2, 1/4 or 1/8 scale in the
+decoder itself (a 12-MP photo in ~25 ms instead of ~150 ms), then every format is resized once
+more to the exact side.
 """
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 HIGH_BIT_MODES = frozenset({"I", "I;16", "I;16B", "I;16L", "I;16N", "F"})
-# The one filter that reduces decoded images: antialiased bilinear (what torchvision's
-# ``Resize(antialias=True)`` computes). With ``reducing_gap`` a large reduction first takes
-# ``Image.reduce()`` (box averages by an integer factor), then the filter does the last >= 3x:
-# indistinguishable from the filter alone, several times faster on non-JPEG photos.
+# Antialiased bilinear, as torchvision's Resize(antialias=True); with ``reducing_gap`` a large
+# reduction first averages boxes, then filters the last >= 3x: the same pixels, several times faster.
 REDUCE_FILTER = Image.Resampling.BILINEAR
 REDUCING_GAP = 3.0
+# What reading a file that is not a decodable image raises (truncated, empty, another format,
+# unreadable, a decompression bomb): callers skip or report these; anything else propagates.
+DECODE_ERRORS = (OSError, UnidentifiedImageError, ValueError, SyntaxError, EOFError, struct.error,
+                 Image.DecompressionBombError)
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
@@ -36,9 +37,8 @@ def to_rgb(img: Image.Image) -> Image.Image:
 
 
 def reduced_size(size: tuple[int, int], short_side: int | None) -> tuple[int, int]:
-    """(width, height) after reducing the short side of ``size`` to ``short_side``; the long
-    side is truncated, as torchvision's ``Resize`` does (so its resize is then a no-op).
-    Never larger than ``size``; None: ``size`` itself."""
+    """(width, height) with the short side reduced to ``short_side`` (never enlarged), the long
+    side truncated as torchvision's ``Resize`` does, so that its resize is then a no-op."""
     w, h = size
     if short_side is None or min(w, h) <= short_side:
         return w, h
@@ -48,32 +48,23 @@ def reduced_size(size: tuple[int, int], short_side: int | None) -> tuple[int, in
 
 
 def draft(img: Image.Image, short_side: int | None) -> None:
-    """Let a JPEG decoder deliver the smallest DCT scale (1/2, 1/4, 1/8) whose short side is
-    still >= ``short_side``; a no-op for other formats. Call before ``load()``.
-
-    The request is square, (side, side): Pillow keeps the largest scale s with
-    ``W // side >= s`` and ``H // side >= s``, which depends on the short side alone, so the
-    stored (not yet EXIF-rotated) orientation of the file does not matter.
-    """
+    """Let a JPEG decode at the smallest DCT scale whose short side is >= ``short_side`` (other
+    formats: no-op). A square request depends on the short side alone, so the stored (not yet
+    EXIF-rotated) orientation does not matter. Call before ``load()``."""
     if short_side is not None and min(img.size) > short_side:
         img.draft("RGB", (short_side, short_side))  # Image.draft: no-op unless JPEG (or MPO)
 
 
 def decoded_size(path: str, short_side: int | None = None) -> tuple[int, int]:
-    """(width, height) that :func:`read_rgb` returns, in stored orientation, from the header
-    alone: no pixel is decoded."""
+    """(width, height) :func:`read_rgb` returns (stored orientation), from the header alone."""
     with Image.open(path) as img:
         draft(img, short_side)
         return reduced_size(img.size, short_side)
 
 
 def read_rgb(path: str, short_side: int | None = None) -> np.ndarray:
-    """The image at ``path`` as a uint8 array (H, W, 3), upright (EXIF orientation applied).
-
-    ``short_side``: reduce the image so that its short side is exactly that (JPEGs decode at
-    a reduced DCT scale first); an image already that small or smaller is returned at its own
-    size, never enlarged. None: full size.
-    """
+    """The image as a uint8 array (H, W, 3), upright, its short side reduced to ``short_side``
+    (never enlarged; None: full size)."""
     with Image.open(path) as img:
         draft(img, short_side)
         img.load()

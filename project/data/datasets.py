@@ -1,61 +1,40 @@
-"""The map-style Dataset: decode (or read the cache), augment, and survive bad files.
-
-Augmentation runs here, inside the Dataset, so every epoch sees new random variants. The
-randomness of each sample comes from a seed the sampler hands over with its index, so the
-augmented images depend only on (seed, epoch, position): not on ``num_workers``, the number of
-DDP processes, or whether the run was interrupted and resumed.
-"""
+"""The Dataset: decode (or read the cache), augment (new variants every epoch, drawn from the
+seed the sampler hands over with each index), and survive bad files."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 
 import torch
 from torch.utils.data import Dataset, default_collate
 
 from project.data.folders import Sample
-from project.data.images import ImageCache, decode
-from project.errors import ConfigError, ProjectError
-
-log = logging.getLogger(__name__)
-BAD_IMAGE_POLICIES = ("skip", "error")
+from project.data.images import DECODE_ERRORS, ImageCache, decode
+from project.errors import ProjectError, require
 
 
 class BadImageError(ProjectError, RuntimeError):
-    """An image that cannot be decoded, with ``on_bad_image: error``."""
+    """An image that cannot be decoded, with ``data.on_bad_image: error``."""
 
 
 class ImageDataset(Dataset):
-    """``samples`` as (image, label) pairs, with an optional :class:`ImageCache` in front.
+    """``samples`` as (image, label), decoded at ``short_side`` or read from ``cache``. A key is
+    an index, or ``(index, seed)`` from ``EpochSampler``. An undecodable file gives None
+    (dropped by :func:`collate_skipping_bad`) and is flagged in shared memory, so that workers
+    can report what they skipped."""
 
-    A key is an int (evaluation) or an ``(index, seed)`` pair from :class:`EpochSampler`
-    (training): the seed drives this sample's random augmentation.
-
-    ``short_side``: images are decoded reduced to it (``images.decode_side`` gives the one for
-    the transform); a cache must hold images reduced to the same side.
-    """
-
-    def __init__(
-        self,
-        samples: Sequence[Sample],
-        transform: Callable[[torch.Tensor], torch.Tensor],
-        cache: ImageCache | None = None,
-        on_bad_image: str = "skip",
-        short_side: int | None = None,
-    ) -> None:
-        if on_bad_image not in BAD_IMAGE_POLICIES:
-            raise ConfigError(f"data.on_bad_image must be one of {BAD_IMAGE_POLICIES}")
-        if cache is not None and cache.short_side != short_side:  # else cached and re-read
+    def __init__(self, samples: Sequence[Sample], transform: Callable[[torch.Tensor], torch.Tensor],
+                 cache: ImageCache | None = None, on_bad_image: str = "skip",
+                 short_side: int | None = None) -> None:
+        require(on_bad_image in ("skip", "error"), "data.on_bad_image", "must be skip or error",
+                on_bad_image)
+        if cache is not None and cache.short_side != short_side:
             raise ValueError(f"the cache holds images reduced to {cache.short_side} px but the "
                              f"dataset decodes at {short_side}: build both with one side")
         self.samples = list(samples)
         self.targets = [s.label for s in self.samples]
-        self.transform = transform
-        self.cache = cache
-        self.on_bad_image = on_bad_image
-        self.short_side = short_side
-        # One flag per image, in shared memory, so that workers can report what they skipped.
+        self.transform, self.cache = transform, cache
+        self.on_bad_image, self.short_side = on_bad_image, short_side
         self.bad_flags = torch.zeros(len(self.samples), dtype=torch.uint8).share_memory_()
 
     def __len__(self) -> int:
@@ -70,10 +49,9 @@ class ImageDataset(Dataset):
         index, seed = key if isinstance(key, tuple) else (key, None)
         try:
             image = self.load(index)
-        except Exception as err:
-            path = self.samples[index].path
+        except DECODE_ERRORS as err:
             if self.on_bad_image == "error":
-                raise bad_image_error(path, err) from err
+                raise bad_image_error(self.samples[index].path, err) from err
             self.bad_flags[index] = 1
             return None
         return seeded_transform(self.transform, image, seed), self.samples[index].label
@@ -104,9 +82,7 @@ def bad_image_error(path: str, err: Exception) -> BadImageError:
         "data.on_bad_image=skip (run `python -m project check-data` for a full scan).")
 
 
-def collate_skipping_bad(batch: list[tuple[torch.Tensor, int] | None]):
-    """``default_collate`` without the samples that could not be decoded (``None``)."""
+def collate_skipping_bad(batch: list):
+    """``default_collate`` without the undecodable items (None when none is left)."""
     kept = [item for item in batch if item is not None]
-    if not kept:
-        return None
-    return default_collate(kept)
+    return default_collate(kept) if kept else None

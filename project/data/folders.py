@@ -1,21 +1,22 @@
-"""Find classes and images in a data folder and split them, with errors a user can act on.
+"""Find classes and images in a data folder, with errors a user can act on.
 
-Layouts: ``<root>/{train,val,test}/<class>/<image>`` (val and test optional), or a single
-``<root>/<class>/<image>`` folder that is split here with a seeded, stratified split.
+Layouts: ``<root>/{train,val,test}/<class>/<image>`` (val and test optional), or one
+``<root>/<class>/<image>`` folder, split by ``splits.py``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from project.common.files import IMAGE_EXTENSIONS, list_images
 from project.errors import ProjectError, require
 
+log = logging.getLogger(__name__)
 SPLIT_NAMES = ("train", "val", "test")
+STREAMING_MANIFEST = "project.json"  # marks a folder that optimize-data wrote (streamed, not listed)
 LAYOUT_HINT = (
     "Lay the images out as <data_dir>/train/<class>/<image> (with optional val/ and test/ "
     "beside train/), or as <data_dir>/<class>/<image> to have it split for you; "
@@ -33,39 +34,17 @@ class Sample:
     label: int
 
 
-def class_folders(root: Path) -> list[str]:
-    """Sorted subfolder names: the class names, and the label order (index = label)."""
-    return sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
-
-
-def scan_split(folder: Path, classes: list[str]) -> list[Sample]:
-    return [Sample(p, label) for label, c in enumerate(classes) for p in list_images(folder / c)]
-
-
-def stratified_split(
-    samples: list[Sample], fraction: float, seed: int
-) -> tuple[list[Sample], list[Sample]]:
-    """Move ``fraction`` of every class (at least one image of classes with two or more) aside."""
-    rng = np.random.default_rng(seed)
-    keep: list[Sample] = []
-    held: list[Sample] = []
-    for label in sorted({s.label for s in samples}):
-        group = [s for s in samples if s.label == label]
-        order = rng.permutation(len(group))
-        n_held = round(len(group) * fraction)
-        if fraction > 0 and len(group) >= 2:
-            n_held = min(max(n_held, 1), len(group) - 1)
-        held += [group[i] for i in order[:n_held]]
-        keep += [group[i] for i in order[n_held:]]
-    return keep, held
-
-
 @dataclass
 class FolderSplits:
     classes: list[str]
     train: list[Sample]
     val: list[Sample]
     test: list[Sample]
+
+
+def class_folders(root: Path) -> list[str]:
+    """Sorted subfolder names: the class names, and the label order (index = label)."""
+    return sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
 
 
 def layout(root: Path) -> tuple[Path, list[str], dict[str, Path]]:
@@ -76,11 +55,13 @@ def layout(root: Path) -> tuple[Path, list[str], dict[str, Path]]:
     return train, class_folders(train), {n: root / n for n in ("val", "test") if (root / n).is_dir()}
 
 
-def structure_problems(data_dir: str | Path) -> list[str]:
-    """Everything that stops training before it starts, each naming the path and the fix.
+def scan_split(folder: Path, classes: list[str]) -> list[Sample]:
+    return [Sample(p, label) for label, c in enumerate(classes) for p in list_images(folder / c)]
 
-    Shared by training (which raises on the first list) and ``check-data`` (which prints it).
-    """
+
+def structure_problems(data_dir: str | Path) -> list[str]:
+    """Everything that stops training before it starts, each naming the path and the fix
+    (training raises on the list; check-data prints it)."""
     root = Path(data_dir)
     if not root.is_dir():
         what = "is a file, not a folder" if root.exists() else "does not exist"
@@ -109,17 +90,15 @@ def structure_problems(data_dir: str | Path) -> list[str]:
 
 
 def check_fractions(val_fraction: float, test_fraction: float) -> None:
-    """Each in [0, 1) and their sum below 1: the rest is the training set (test_fraction=1 used to
-    divide by zero)."""
+    """Each in [0, 1) and their sum below 1: the rest is the training set."""
     require(0 <= val_fraction < 1, "data.val_fraction", "must be in [0, 1)", val_fraction)
     require(0 <= test_fraction < 1, "data.test_fraction", "must be in [0, 1)", test_fraction)
     require(val_fraction + test_fraction < 1, "data.val_fraction + data.test_fraction",
             "must be below 1 (the rest is the training set)", (val_fraction, test_fraction))
 
 
-def discover(
-    data_dir: str | Path, val_fraction: float = 0.15, test_fraction: float = 0.15, seed: int = 0
-) -> FolderSplits:
+def discover(data_dir: str | Path, val_fraction: float = 0.15, test_fraction: float = 0.15,
+             seed: int = 0) -> FolderSplits:
     """Read the folder layout; raise :class:`DataFolderError` with the fix when it is unusable."""
     check_fractions(val_fraction, test_fraction)
     problems = structure_problems(data_dir)
@@ -127,12 +106,25 @@ def discover(
         raise DataFolderError("; ".join(problems))
     root = Path(data_dir)
     base, classes, split_dirs = layout(root)
-    has_splits = base != root
     train = scan_split(base, classes)
     held = {name: scan_split(folder, classes) for name, folder in split_dirs.items()}
-    if "test" not in held and not has_splits:
-        train, held["test"] = stratified_split(train, test_fraction, seed)
-    if "val" not in held:
-        fraction = val_fraction / (1 - test_fraction) if not has_splits else val_fraction
-        train, held["val"] = stratified_split(train, fraction, seed + 1)
-    return FolderSplits(classes, train, held["val"], held.get("test", []))
+    if base != root and "val" in held:  # the folders as they are
+        return FolderSplits(classes, train, held["val"], held.get("test", []))
+    from project.data.splits import split_off
+
+    # one folder: test and val split off; train/ without val/: val only, never a test set
+    test = held.get("test", []) if base != root else None
+    return FolderSplits(classes, *split_off(train, test, val_fraction, test_fraction, seed, base))
+
+
+def empty_split_fix(data_dir: str, split: str) -> str:
+    """How to get images into an empty split: with a train/ folder no test set is ever split
+    off, only a test/ folder gives one."""
+    if not (Path(data_dir) / "train").is_dir():
+        if split == "train":
+            return "lower data.val_fraction and data.test_fraction, or add images"
+        return f"set data.{split}_fraction above 0, or add images"
+    if split == "test":
+        return ("add a test/ folder with the same class folders as train/ (data.test_fraction "
+                "applies only to a folder without train/)")
+    return f"add a {split}/ folder with the same class folders as train/, or raise data.{split}_fraction"

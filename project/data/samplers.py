@@ -1,13 +1,11 @@
-"""One training sampler for one process or many: shuffled or class-balanced, seeded per epoch.
+"""Samplers for one process or many: a seeded training draw per epoch, and evaluation shards.
 
-Every rank computes the same global draw from (seed, epoch) and takes every ``num_replicas``-th
-element from its ``rank``: the shares are disjoint, their union is the whole draw, and the next
-epoch draws anew. With ``weights`` the draw is with replacement in proportion to the weights,
-like ``WeightedRandomSampler``; without, it is a permutation, like ``DistributedSampler``. Each
-index comes with a per-sample seed for the Dataset's augmentation (see ``ImageDataset``).
-
-It subclasses ``DistributedSampler`` so that Lightning keeps it as it is under DDP and calls
-``set_epoch`` on it before each epoch.
+Every rank computes the same training draw from (seed, epoch) and takes every
+``num_replicas``-th element from its ``rank``: disjoint shares whose union is the draw. With
+``weights`` the draw is with replacement (``WeightedRandomSampler``), else a permutation. Each
+index comes with a seed for its augmentation, so the images depend only on (seed, epoch,
+position), not on workers, ranks or an interruption. Both subclass ``DistributedSampler``, so
+Lightning keeps them under DDP and calls ``set_epoch``.
 """
 
 from __future__ import annotations
@@ -21,16 +19,22 @@ from torch.utils.data import DistributedSampler
 SEED_RANGE = 2**62
 
 
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The seed of one epoch's random draws: fixed by the run's seed and the epoch alone."""
+    return seed * 1_000_003 + epoch
+
+
+def inverse_frequency(targets: Sequence[int], num_classes: int) -> torch.Tensor:
+    """Per-class weights ``N / (classes x count)`` (1 for a balanced set); indexed with the
+    targets, per-sample weights for a class-balanced draw."""
+    labels = torch.as_tensor(targets)
+    counts = torch.bincount(labels, minlength=num_classes).clamp(min=1).double()
+    return counts.sum() / (num_classes * counts)
+
+
 class EpochSampler(DistributedSampler):
-    def __init__(
-        self,
-        num_items: int,
-        weights: Sequence[float] | torch.Tensor | None = None,
-        shuffle: bool = True,
-        seed: int = 0,
-        num_replicas: int = 1,
-        rank: int = 0,
-    ) -> None:
+    def __init__(self, num_items: int, weights: torch.Tensor | None = None, shuffle: bool = True,
+                 seed: int = 0, num_replicas: int = 1, rank: int = 0) -> None:
         # Not calling DistributedSampler.__init__: it needs a dataset and a process group.
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
@@ -48,7 +52,7 @@ class EpochSampler(DistributedSampler):
 
     def global_draw(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(indices, seeds) of the whole epoch, identical on every rank."""
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        g = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch))
         if self.weights is not None:
             indices = torch.multinomial(self.weights, self.total_size, True, generator=g)
         elif self.shuffle:
@@ -56,11 +60,9 @@ class EpochSampler(DistributedSampler):
         else:
             indices = torch.arange(self.num_items)
         if len(indices) < self.total_size:  # pad by repeating, as DistributedSampler does
-            reps = math.ceil(self.total_size / len(indices))
-            indices = indices.repeat(reps)
+            indices = indices.repeat(math.ceil(self.total_size / len(indices)))
         indices = indices[: self.total_size]
-        seeds = torch.randint(0, SEED_RANGE, (self.total_size,), generator=g)
-        return indices, seeds
+        return indices, torch.randint(0, SEED_RANGE, (self.total_size,), generator=g)
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         indices, seeds = self.global_draw()
@@ -71,8 +73,19 @@ class EpochSampler(DistributedSampler):
         return self.num_samples
 
 
-def class_balanced_weights(targets: Sequence[int], num_classes: int) -> torch.Tensor:
-    """Weight 1/count(class) per sample, so each class is drawn equally often on average."""
-    labels = torch.as_tensor(targets)
-    counts = torch.bincount(labels, minlength=num_classes).clamp(min=1)
-    return (1.0 / counts.double())[labels]
+class ShardSampler(DistributedSampler):
+    """Evaluation: rank r takes items r, r + R, ... without padding, so every image is counted
+    exactly once across ranks."""
+
+    def __init__(self, num_items: int, num_replicas: int = 1, rank: int = 0) -> None:
+        self.num_items, self.num_replicas, self.rank = num_items, num_replicas, rank
+        self.epoch, self.drop_last, self.shuffle = 0, False, False
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.num_items, self.num_replicas))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.num_items, self.num_replicas))

@@ -1,112 +1,135 @@
-"""Learning-rate arithmetic: warmup + cosine per step, and scaling with the global batch."""
+"""The learning-rate schedule in one place: warmup + cosine per step, run lengths, batch scaling.
+
+``model.scheduler`` is any ``torch.optim.lr_scheduler`` class, stepped after every optimizer
+step. The run's lengths are unknown in ``configure_optimizers`` (asking there makes Lightning
+build the train loader before a resumed run has restored its epoch), so
+:class:`DeferredScheduler` builds the configured scheduler when training starts, filling in the
+lengths it leaves unset (``total_steps``, ``steps_per_epoch``, ``epochs``). A resume restores
+the scheduler's state and the optimizer's LRs and momenta exactly.
+"""
 
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import math
 from collections.abc import Callable
 from typing import Literal
 
-from project.errors import ConfigError
+import lightning as L
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler
+
+from project.errors import ConfigError, require
 
 log = logging.getLogger("project")
 LrScaling = Literal["none", "linear", "sqrt"]
-MAX_WARMUP_SHARE = 0.2  # the largest share of a run that warmup may take
+LENGTHS = ("total_steps", "steps_per_epoch", "epochs")
 
 
 def scaled_lr(lr: float, global_batch: int, base_batch: int, rule: LrScaling) -> float:
-    """``lr`` tuned for ``base_batch``, adapted to ``global_batch``.
-
-    linear: lr x global/base (Goyal et al., for SGD); sqrt: lr x sqrt(global/base) (common for
-    Adam-style optimisers); none: unchanged. More devices without scaling is the classic cause
-    of multi-GPU runs that do worse than the single-GPU one.
-    """
-    if global_batch < 1 or base_batch < 1:
-        raise ConfigError("batch sizes must be positive")
+    """``lr`` tuned for ``base_batch``, adapted to ``global_batch``: linear (Goyal et al., for
+    SGD), sqrt (Adam-style) or none. Unscaled, more GPUs often train worse than one."""
+    require(rule in ("none", "linear", "sqrt"), "model.lr_scaling", "must be none, linear or sqrt", rule)
     ratio = global_batch / base_batch
-    if rule == "linear":
-        return lr * ratio
-    if rule == "sqrt":
-        return lr * math.sqrt(ratio)
-    if rule == "none":
-        return lr
-    raise ConfigError(f"model.lr_scaling must be none, linear or sqrt, got {rule!r}")
+    return lr * {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[rule]
 
 
 def global_batch_size(batch_size: int, devices: int, num_nodes: int, accumulate: int) -> int:
     return batch_size * devices * num_nodes * accumulate
 
 
-def warmup_cosine(
-    warmup_steps: int, total_steps: int, start_factor: float, end_factor: float = 0.0
-) -> Callable[[int], float]:
-    """LR multiplier at optimizer step ``step``: linear from ``start_factor`` to 1 over
-    ``warmup_steps``, then half a cosine down to ``end_factor`` at ``total_steps``."""
+def warmup_cosine(warmup_steps: int, total_steps: int, start_factor: float,
+                  end_factor: float = 0.0) -> Callable[[int], float]:
+    """The LR factor at a step: linear from ``start_factor`` to 1, then a half cosine."""
     warmup_steps = max(0, min(warmup_steps, total_steps))
 
     def factor(step: int) -> float:
         if step < warmup_steps:
             return start_factor + (1.0 - start_factor) * step / warmup_steps
-        decay_steps = max(1, total_steps - warmup_steps)
-        progress = min(1.0, (step - warmup_steps) / decay_steps)
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
         return end_factor + (1.0 - end_factor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return factor
 
 
-def frozen_until(steps: int, inner: Callable[[int], float]) -> Callable[[int], float]:
-    """Multiplier 0 for the first ``steps`` steps (a frozen backbone), then ``inner``."""
+class WarmupCosine(LambdaLR):
+    """Linear warmup over ``warmup_epochs`` from ``warmup_start_factor`` x each group's LR, then
+    cosine to ``end_factor`` x it. The warmup takes at most ``max_warmup_share`` of the run (a
+    3-epoch warmup must not eat a 3-epoch run), with a notice when it is clipped."""
 
-    def factor(step: int) -> float:
-        return 0.0 if step < steps else inner(step)
-
-    return factor
-
-
-def warmup_steps(warmup_epochs: float, per_epoch: int, total: int,
-                 max_share: float = MAX_WARMUP_SHARE) -> int:
-    """Warmup length in steps, at most ``max_share`` of the run: a 3-epoch warmup must not eat
-    a 3-epoch run whole. Says so in one line when it clips."""
-    wanted = round(warmup_epochs * per_epoch)
-    cap = int(max_share * total)
-    if wanted > cap:
-        _clip_notice(warmup_epochs, wanted, cap, total, max_share)
-        return cap
-    return wanted
-
-
-@functools.lru_cache(maxsize=8)  # once per run, not once per parameter group
-def _clip_notice(warmup_epochs: float, wanted: int, cap: int, total: int, share: float) -> None:
-    log.info("Notice: warmup of %g epochs (%d steps) clipped to %d steps, %.0f%% of the run's "
-             "%d steps (set model.warmup_epochs lower to silence this).",
-             warmup_epochs, wanted, cap, 100 * share, total)
+    def __init__(self, optimizer: Optimizer, warmup_epochs: float = 3.0, warmup_start_factor: float = 0.01,
+                 end_factor: float = 0.0, max_warmup_share: float = 0.2, total_steps: int | None = None,
+                 steps_per_epoch: int | None = None, last_epoch: int = -1) -> None:
+        require(warmup_epochs >= 0, "model.scheduler.warmup_epochs", "must be 0 or more", warmup_epochs)
+        require(0 < warmup_start_factor <= 1, "model.scheduler.warmup_start_factor", "must be in (0, 1]",
+                warmup_start_factor)
+        if total_steps is None or steps_per_epoch is None:
+            raise ConfigError("WarmupCosine needs the run's total_steps and steps_per_epoch (model.scheduler "
+                              "fills them in from trainer.max_epochs or trainer.max_steps)")
+        wanted = round(warmup_epochs * steps_per_epoch)
+        steps = min(wanted, int(max_warmup_share * total_steps))
+        if steps < wanted:
+            log.info("Notice: warmup of %g epochs (%d steps) clipped to %d steps, %.0f%% of the run's "
+                     "%d steps (set model.scheduler.init_args.warmup_epochs lower to silence this).",
+                     warmup_epochs, wanted, steps, 100 * max_warmup_share, total_steps)
+        super().__init__(optimizer, warmup_cosine(steps, total_steps, warmup_start_factor, end_factor),
+                         last_epoch)
 
 
-def step_schedule(
-    lengths: Callable[[], tuple[int, int]],
-    warmup_epochs: float,
-    start_factor: float,
-    end_factor: float = 0.0,
-    frozen_epochs: float = 0.0,
-) -> Callable[[int], float]:
-    """The LR multiplier of each optimizer step for ``LambdaLR``: frozen, warmup, then cosine.
+def run_lengths(trainer: L.Trainer) -> dict[str, int]:
+    """Optimizer steps in the run and per epoch, and epochs, as Lightning estimates them."""
+    if trainer.max_epochs in (None, -1) and trainer.max_steps == -1:
+        raise ConfigError("the LR schedule needs a length: set trainer.max_epochs or trainer.max_steps")
+    total = max(1, int(trainer.estimated_stepping_batches))
+    batches = trainer.num_training_batches  # inf when only max_steps bounds the run
+    per_epoch = math.ceil(batches / trainer.accumulate_grad_batches) if math.isfinite(batches) else total
+    return {"total_steps": total, "steps_per_epoch": max(1, per_epoch),
+            "epochs": max(1, math.ceil(total / max(1, per_epoch)))}
 
-    ``lengths()`` returns (steps per epoch, total steps). It is asked at the first real step,
-    not when the scheduler is built: asking earlier makes Lightning load the train loader before
-    a resumed run has restored its epoch, and its first epoch would replay epoch 0's order.
-    ``LambdaLR`` evaluates step 0 at construction, and step 0 needs no lengths.
-    """
-    resolved: list[Callable[[int], float]] = []
 
-    def factor(step: int) -> float:
-        if not resolved:
-            if step == 0:
-                return 0.0 if frozen_epochs > 0 else (start_factor if warmup_epochs > 0 else 1.0)
-            per_epoch, total = lengths()
-            inner = warmup_cosine(warmup_steps(warmup_epochs, per_epoch, total), total,
-                                  start_factor, end_factor)
-            resolved.append(frozen_until(round(frozen_epochs * per_epoch), inner))
-        return resolved[0](step)
+def unset_lengths(factory: Callable) -> list[str]:
+    """The run lengths ``factory`` takes and leaves unset: a class's parameters defaulting to
+    None, or the None values bound in a ``functools.partial`` (what jsonargparse gives)."""
+    if isinstance(factory, functools.partial):
+        return [k for k in LENGTHS if k in factory.keywords and factory.keywords[k] is None]
+    if inspect.isclass(factory):
+        params = inspect.signature(factory).parameters
+        return [k for k in LENGTHS if k in params and params[k].default is None]
+    return []
 
-    return factor
+
+class DeferredScheduler(LRScheduler):
+    """Stands in for the configured scheduler until :meth:`build` knows the run's lengths."""
+
+    def __init__(self, optimizer: Optimizer, factory: Callable[..., LRScheduler]) -> None:
+        # LRScheduler.__init__ is not called: it would take a first step and change the LRs.
+        self.optimizer, self.factory = optimizer, factory
+        self.inner: LRScheduler | None = None
+        self.pending: dict | None = None  # a checkpoint's state, until build
+
+    def build(self, lengths: dict[str, int]) -> None:
+        saved = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        self.inner = self.factory(self.optimizer, **{k: lengths[k] for k in unset_lengths(self.factory)})
+        if self.pending is not None:  # resuming: the checkpoint's state, and its LRs and momenta
+            self.inner.load_state_dict(self.pending)
+            for group, values in zip(self.optimizer.param_groups, saved, strict=True):
+                group.update(values)
+        if getattr(self.inner, "cycle_momentum", False):
+            log.info("Notice: %s also cycles the optimizer's momentum (cycle_momentum: false keeps it)",
+                     type(self.inner).__name__)
+
+    def step(self, *args, **kwargs) -> None:
+        if self.inner is None:
+            raise RuntimeError("DeferredScheduler.step() before build(), which on_train_start calls")
+        self.inner.step(*args, **kwargs)
+
+    def state_dict(self) -> dict:
+        return self.inner.state_dict() if self.inner is not None else dict(self.pending or {})
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.pending = state_dict  # Lightning restores before training starts, so before build
+
+    def get_last_lr(self) -> list[float]:
+        return self.inner.get_last_lr() if self.inner else [g["lr"] for g in self.optimizer.param_groups]

@@ -1,0 +1,51 @@
+"""What a model expects of its input: one record for training, checkpoints, exports and infer.py
+(torch-free: infer.py reads it back from an ONNX file). ``backbones.resolve_preprocessing``
+decides the values, once; everything else reads this record."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from project.errors import require
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """Evaluation resizes the short side to ``resize_size``, center-crops ``image_size``, scales
+    to 0..1 and normalises; training crops ``image_size`` at random instead."""
+
+    image_size: int = 224
+    crop_ratio: float = 0.875
+    interpolation: str = "bilinear"
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.image_size, int) and self.image_size >= 1, "model.image_size",
+                "must be an integer >= 1", self.image_size)
+        require(0 < self.crop_ratio <= 1, "model.crop_ratio", "must be in (0, 1]", self.crop_ratio)
+        require(self.interpolation in INTERPOLATIONS, "model.interpolation",
+                f"must be one of {', '.join(INTERPOLATIONS)}", self.interpolation)
+        require(len(self.mean) == 3 and len(self.std) == 3 and min(self.std) > 0, "model.mean/std",
+                "need three values each, std above 0", (self.mean, self.std))
+
+    @property
+    def resize_size(self) -> int:
+        return round(self.image_size / self.crop_ratio)
+
+    def metadata(self) -> dict[str, str]:
+        """As strings, for an ONNX file's metadata."""
+        return {"image_size": str(self.image_size), "crop_ratio": repr(self.crop_ratio),
+                "interpolation": self.interpolation, "mean": json.dumps(list(self.mean)),
+                "std": json.dumps(list(self.std))}
+
+    @classmethod
+    def from_metadata(cls, meta: dict[str, str]) -> Preprocessing:
+        return cls(int(meta["image_size"]), float(meta["crop_ratio"]),
+                   meta.get("interpolation", "bilinear"), tuple(json.loads(meta["mean"])),
+                   tuple(json.loads(meta["std"])))

@@ -1,0 +1,93 @@
+"""The seeded, stratified split of one folder, with byte-identical files kept together in one
+split (no copy of a training image is scored in val or test). Imported only when a split is
+made (one folder, or train/ without val/), by check-data and by suspects' folds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from project.data.folders import Sample
+
+log = logging.getLogger(__name__)
+
+
+def content_groups(paths: list[str]) -> list[int]:
+    """A group number per file; byte-identical files share one. Only files of equal size are
+    read and hashed, so a folder without copies costs one ``stat`` per file."""
+    by_size: dict[int, list[int]] = defaultdict(list)
+    for i, path in enumerate(paths):
+        by_size[os.path.getsize(path)].append(i)
+    group = list(range(len(paths)))
+    for same_size in by_size.values():
+        if len(same_size) > 1:
+            first_of: dict[str, int] = {}
+            for i in same_size:
+                with open(paths[i], "rb") as f:
+                    digest = hashlib.sha1(f.read()).hexdigest()
+                group[i] = first_of.setdefault(digest, i)
+    return group
+
+
+def units_by_label(samples: list[Sample], groups: list[int] | None = None) -> dict[int, list[list[int]]]:
+    """Sample indices bundled into units (a file, or a group of identical files), per label (a
+    group goes with its first file's label), in order of first appearance."""
+    groups = groups if groups is not None else list(range(len(samples)))
+    units: dict[int, list[int]] = {}
+    for i, g in enumerate(groups):
+        units.setdefault(g, []).append(i)
+    out: dict[int, list[list[int]]] = defaultdict(list)
+    for members in units.values():
+        out[samples[members[0]].label].append(members)
+    return dict(sorted(out.items()))
+
+
+def stratified_split(samples: list[Sample], fraction: float, seed: int,
+                     groups: list[int] | None = None) -> tuple[list[Sample], list[Sample]]:
+    """Move ``fraction`` of every class aside (at least one unit of classes with two or more),
+    whole units at a time."""
+    rng = np.random.default_rng(seed)
+    keep: list[Sample] = []
+    held: list[Sample] = []
+    for units in units_by_label(samples, groups).values():
+        order = rng.permutation(len(units))
+        n_held = round(len(units) * fraction)
+        if fraction > 0 and len(units) >= 2:
+            n_held = min(max(n_held, 1), len(units) - 1)
+        held += [samples[i] for u in order[:n_held] for i in units[u]]
+        keep += [samples[i] for u in order[n_held:] for i in units[u]]
+    return keep, held
+
+
+def stratified_folds(samples: list[Sample], folds: int, seed: int = 0) -> list[int]:
+    """A fold number per sample: each class's units dealt round-robin after a seeded shuffle."""
+    rng = np.random.default_rng(seed)
+    fold_of = [0] * len(samples)
+    for units in units_by_label(samples).values():
+        for k, u in enumerate(rng.permutation(len(units))):
+            for i in units[u]:
+                fold_of[i] = k % folds
+    return fold_of
+
+
+def split_off(train: list[Sample], test: list[Sample] | None, val_fraction: float, test_fraction: float,
+              seed: int, folder: Path) -> tuple[list[Sample], list[Sample], list[Sample]]:
+    """(train, val, test): ``test`` (when None) and then val split off ``train``, stratified,
+    keeping byte-identical files in one split."""
+    groups = content_groups([s.path for s in train])
+    if len(groups) > len(set(groups)):
+        log.info("Notice: %d files in '%s' are byte-identical copies of others; the split keeps each "
+                 "file with its copies (python -m project check-data lists them)",
+                 len(groups) - len(set(groups)), folder)
+    group_of = {s.path: g for s, g in zip(train, groups, strict=True)}
+    if test is None:
+        train, test = stratified_split(train, test_fraction, seed, groups)
+        val_fraction = val_fraction / (1 - test_fraction)
+    train, val = stratified_split(train, val_fraction, seed + 1, [group_of[s.path] for s in train])
+    return train, val, test

@@ -1,0 +1,44 @@
+"""``python -m project evaluate [CKPT_OR_RUN_DIR|best|last] [--tta hflip] [overrides]``.
+
+Tests a checkpoint with its run's own config (the metrics synced across DDP ranks, logged into
+the run's TensorBoard as ``test/...``), then writes the report next to the checkpoint from one
+per-image pass over the test set (``report.py``). A checkpoint without a temperature gets one
+first, fitted on the validation set (``calibration.py``), so the report's confidences, and
+predict's and export's from then on, are calibrated.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from project.checkpoints import read_checkpoint
+from project.cli import ProjectCLI
+from project.extras.analysis.calibration import ensure_temperature
+from project.extras.analysis.predictions import check_mirror_tta, predict_dataset
+from project.extras.analysis.report import write_report
+from project.runs import resolve_checkpoint, run_config
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m project evaluate", description=__doc__.split("\n")[2])
+    p.add_argument("checkpoint", nargs="?", default=None, help="a .ckpt, a run folder, best or last")
+    p.add_argument("--tta", default="none", choices=("none", "hflip"),
+                   help="hflip: also report the mean of each image's and its mirror's probabilities")
+    p.add_argument("--top", type=int, default=24, help="images in top_losses.png")
+    a, overrides = p.parse_known_args(argv)
+    ckpt = resolve_checkpoint(a.checkpoint)
+    run = ckpt.parent.parent
+    if a.tta == "hflip":
+        check_mirror_tta(read_checkpoint(ckpt, mmap=True).get("datamodule_hyper_parameters") or {})
+    ensure_temperature(ckpt)
+    cli = ProjectCLI(args=["test", "--config", str(run_config(run)), f"--ckpt_path={ckpt}",
+                           "--verbose=false", *overrides], run_dir=run)
+    if not cli.trainer.is_global_zero:
+        return 0
+    model, dm = cli.model, cli.datamodule
+    samples = predict_dataset(model, dm.datasets["test"], dm.batch_size, model.device,
+                              mirrored=a.tta == "hflip")
+    write_report(model.results["test"], model.class_names, str(ckpt), Path(ckpt).parent, samples,
+                 dm.datasets["test"], float(model.temperature), model.preprocessing, a.top)
+    return 0

@@ -1,0 +1,1 @@
+"""See project/extras/__init__.py."""

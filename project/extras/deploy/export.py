@@ -1,0 +1,212 @@
+"""Export a checkpoint for deployment and prove each file works before keeping it.
+
+    python -m project export [--ckpt_path best|last|PATH] [--formats onnx,int8,torchscript,pt2]
+                             [--out DIR] [--data_dir DIR] [--calibration_images 256]
+
+Writes model.onnx, model.int8.onnx, model.torchscript.pt, model.pt2 and export_report.{json,md}
+(size, max |difference| to PyTorch, validation accuracy, latency at batch 1 and 32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from project.checkpoints import datamodule_for, load_model
+from project.common.files import write_text
+from project.data.datasets import ImageDataset, collate_skipping_bad
+from project.errors import ProjectError
+from project.extras.deploy import exporters
+from project.runs import LOG_ROOT, resolve_checkpoint
+
+FORMATS = ("onnx", "int8", "torchscript", "pt2")
+FILES = {"onnx": "model.onnx", "int8": "model.int8.onnx", "torchscript": "model.torchscript.pt",
+         "pt2": "model.pt2"}
+
+
+def default_out_dir(ckpt: Path) -> Path:
+    """exports/<run folder relative to logs/>, e.g. exports/demo/version_0."""
+    run = ckpt.parent.parent
+    try:
+        return Path("exports") / run.resolve().relative_to(LOG_ROOT.resolve())
+    except ValueError:
+        return Path("exports") / ckpt.stem
+
+
+def batches(dataset, batch_size: int = 32) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(images, labels) through the evaluation transforms; undecodable files are left out and
+    counted in the dataset's ``skipped_paths()``."""
+    for batch in DataLoader(dataset, batch_size=batch_size, collate_fn=collate_skipping_bad):
+        if batch is not None:
+            yield batch
+
+
+def accuracy(run: Callable[[torch.Tensor], np.ndarray], batches) -> float | None:
+    correct = total = 0
+    for x, y in batches:
+        correct += int((np.asarray(run(x)).argmax(1) == y.numpy()).sum())
+        total += len(y)
+    return correct / total if total else None
+
+
+def median_ms(run: Callable[[torch.Tensor], object], x: torch.Tensor, repeats: int) -> float:
+    for _ in range(3):  # warm-up: allocations, kernel selection, caches
+        run(x)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run(x)
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def export_checkpoint(ckpt_path: Path, out: Path, formats: list[str], data_dir: str | None = None,
+                      calibration_images: int = 256, calibration_method: str = "minmax",
+                      tolerance: float = 1e-4, int8_max_drop: float = 0.05,
+                      repeats: int = 20) -> dict:
+    unknown = sorted(set(formats) - set(FORMATS))
+    if unknown:
+        raise ProjectError(f"--formats: unknown {unknown}; choose from {', '.join(FORMATS)}")
+    model = load_model(ckpt_path)  # fails with one line before anything is written
+    hp = model.hparams
+    net = model.net.float().eval()
+    try:
+        dm = datamodule_for(ckpt_path, model, data_dir)
+        splits = dm.splits
+    except ProjectError as err:  # the run's data is not here: exports work, without accuracies
+        if "int8" in formats:
+            raise ProjectError(f"INT8 calibration needs the training images ({err}): pass "
+                               "--data_dir DIR") from err
+        dm = splits = None
+    if "int8" in formats and "onnx" not in formats:
+        formats = ["onnx", *formats]
+    size = hp.image_size
+    val = dm.make_dataset("val") if splits is not None and splits.val else None
+
+    def val_batches():
+        return batches(val) if val is not None else []
+
+    threads = torch.get_num_threads()
+    inputs = {b: torch.randn(b, 3, size, size) for b in (1, 32)}
+    rows: dict[str, dict] = {}
+
+    def measure(name: str, run, file: Path | None, diff: float | None) -> None:
+        rows[name] = {
+            "file": file.name if file else None,
+            "size_mb": round(file.stat().st_size / 2**20, 3) if file else None,
+            "max_abs_diff": diff,
+            "val_acc": accuracy(run, val_batches()),
+            **{f"latency_ms_b{b}": round(median_ms(run, x, repeats), 3) for b, x in inputs.items()},
+        }
+
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        with torch.inference_mode():
+            measure("pytorch", lambda x: net(x).numpy(), None, 0.0)
+            for name in [f for f in FORMATS if f in formats]:
+                path = out / FILES[name]
+                if name == "onnx":
+                    diff = exporters.export_onnx(model, net, path, tolerance)
+                    measure(name, exporters.ort_runner(exporters.ort_session(path, threads)), path, diff)
+                elif name == "int8":
+                    _export_int8(out, dm, calibration_images, calibration_method)
+                    run = exporters.ort_runner(exporters.ort_session(path, threads))
+                    diff = float(max(np.abs(run(x) - net(x).numpy()).max()
+                                     for x in exporters.parity_inputs(size)))
+                    measure(name, run, path, diff)
+                    _check_int8_accuracy(rows, int8_max_drop, path)
+                elif name == "torchscript":
+                    diff = exporters.export_torchscript(net, path, size, tolerance)
+                    loaded = torch.jit.load(str(path))
+                    measure(name, lambda x, m=loaded: m(x).numpy(), path, diff)
+                else:
+                    diff = exporters.export_pt2(net, path, size, tolerance)
+                    loaded = torch.export.load(str(path)).module()
+                    measure(name, lambda x, m=loaded: m(x).numpy(), path, diff)
+    finally:  # a failed export leaves no empty folder behind
+        if created and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+    if val is not None and val.skipped_paths():
+        print(f"Notice: {len(val.skipped_paths())} validation images could not be decoded and are not in "
+              "the accuracies (python -m project check-data lists them)")
+    report = {"checkpoint": str(ckpt_path), "threads": threads, "image_size": size,
+              "class_names": model.class_names, "formats": rows,
+              # every format outputs raw logits; probabilities are softmax(logits / temperature)
+              "temperature": float(model.temperature),
+              "latency": f"median of {repeats} runs after 3 warm-up runs, {threads} threads"}
+    _write_report(out, report)
+    return report
+
+
+def _export_int8(out: Path, dm, n: int, method: str) -> None:
+    """Calibrate on ``n`` training images (seeded choice) through the evaluation transforms: the
+    input distribution the quantized model will see in use."""
+    from project.extras.deploy.quantize import quantize_int8
+
+    rng = np.random.default_rng(0)
+    chosen = [dm.splits.train[i] for i in rng.permutation(len(dm.splits.train))[:n]]
+    dataset = ImageDataset(chosen, dm.transform("val"), short_side=dm.decode_side("val"))
+    images = (x.numpy() for x, _ in batches(dataset))
+    quantize_int8(out / FILES["onnx"], out / FILES["int8"], images, method)
+
+
+def _check_int8_accuracy(rows: dict, max_drop: float, path: Path) -> None:
+    fp32, int8 = rows["onnx"]["val_acc"], rows["int8"]["val_acc"]
+    if fp32 is not None and int8 is not None and fp32 - int8 > max_drop:
+        path.unlink(missing_ok=True)
+        raise exporters.ExportError(
+            f"INT8 validation accuracy {int8:.4f} is {fp32 - int8:.4f} below FP32 ({fp32:.4f}), "
+            f"more than --int8_max_drop={max_drop}; try --calibration_method percentile or more "
+            "--calibration_images (the INT8 file was removed)"
+        )
+
+
+def _write_report(out: Path, report: dict) -> None:
+    lines = [f"# Export report\n\nCheckpoint: `{report['checkpoint']}`  \n"
+             f"Latency: {report['latency']}.  \n"
+             f"Outputs are logits; calibrated probabilities are softmax(logits / "
+             f"{report['temperature']:.6g}) (the temperature is in model.onnx's metadata).\n",
+             "| format | file | size (MB) | max abs diff vs PyTorch | val acc | "
+             "latency b1 (ms) | latency b32 (ms) |", "|---|---|---|---|---|---|---|"]
+
+    def cell(v, fmt):
+        return "-" if v is None else format(v, fmt)
+
+    for name, r in report["formats"].items():
+        lines.append(f"| {name} | {r['file'] or '-'} | {cell(r['size_mb'], '.2f')} | "
+                     f"{cell(r['max_abs_diff'], '.2e')} | {cell(r['val_acc'], '.4f')} | "
+                     f"{r['latency_ms_b1']:.2f} | {r['latency_ms_b32']:.2f} |")
+    for name, text in (("export_report.json", json.dumps(report, indent=2)),
+                       ("export_report.md", "\n".join(lines) + "\n")):
+        write_text(out / name, text)
+    print("\n".join(lines[2:]))
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m project export", description=__doc__.split("\n")[0])
+    p.add_argument("--ckpt_path", default="best", help="a .ckpt, a run folder, best or last")
+    p.add_argument("--formats", default=",".join(FORMATS), help="comma-separated: " + ",".join(FORMATS))
+    p.add_argument("--out", help="output folder (default exports/<run>)")
+    p.add_argument("--data_dir", help="images for INT8 calibration and accuracy (default: the run's)")
+    p.add_argument("--calibration_images", type=int, default=256)
+    p.add_argument("--calibration_method", default="minmax", choices=("minmax", "entropy", "percentile"))
+    p.add_argument("--tolerance", type=float, default=1e-4, help="max |logit difference| allowed")
+    p.add_argument("--int8_max_drop", type=float, default=0.05, help="largest INT8 accuracy loss")
+    p.add_argument("--repeats", type=int, default=20, help="timed runs per latency figure")
+    a = p.parse_args(argv)
+    ckpt = resolve_checkpoint(a.ckpt_path)
+    out = Path(a.out) if a.out else default_out_dir(ckpt)
+    formats = [f.strip() for f in a.formats.split(",") if f.strip()]
+    export_checkpoint(ckpt, out, formats, a.data_dir, a.calibration_images, a.calibration_method,
+                      a.tolerance, a.int8_max_drop, a.repeats)
+    print(f"\nExported {', '.join(formats)} from {ckpt} to {out}/ (report: export_report.md)")
+    return 0

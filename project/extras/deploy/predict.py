@@ -1,0 +1,92 @@
+"""Classify images with a checkpoint: one CSV row per image, unreadable files listed, not fatal.
+
+    python -m project predict --ckpt_path PATH --input DIR_OR_FILE --output preds.csv
+
+Uses the preprocessing, class names and temperature stored in the checkpoint, so it needs
+neither the training data nor a config; ``confidence`` is the calibrated probability
+``softmax(logits / temperature)`` (temperature 1 until ``evaluate`` or ``calibrate`` fits it).
+The CSV is the one ``infer.py`` writes from an exported ONNX file.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from project.checkpoints import load_model, read_checkpoint
+from project.common.files import list_images
+from project.common.pixels import DECODE_ERRORS, read_rgb
+from project.common.predictions import error_row, top_k_row, write_csv
+from project.data.datasets import ImageDataset
+from project.data.folders import Sample
+from project.data.images import needed_side
+from project.data.transforms import eval_transforms
+from project.errors import ProjectError
+from project.extras.analysis.predictions import check_mirror_tta, predict_dataset
+from project.model.classifier import calibrated_probabilities
+from project.runs import resolve_checkpoint
+
+
+def input_files(spec: str | Path) -> list[str]:
+    """A single file, or every image file below a folder (sorted), as training lists them."""
+    if not Path(spec).exists():
+        raise ProjectError(f"--input '{spec}' does not exist")
+    return list_images(spec)
+
+
+def predict_files(model, paths: list[str], top_k: int = 3, batch_size: int = 64,
+                  num_workers: int = 0, device: str = "cpu", tta: bool = False) -> list[dict]:
+    """Rows of {path, predicted, confidence, top-k, error}, in the order of ``paths``."""
+    pre = model.preprocessing
+    dataset = ImageDataset([Sample(p, -1) for p in paths], eval_transforms(pre),
+                           short_side=needed_side(pre))
+    try:
+        out = predict_dataset(model, dataset, batch_size, device, num_workers, mirrored=tta)
+    except ProjectError:  # not one decodable image: every row says why
+        return [error_row(p, decode_error(p)) for p in paths]
+    probs = calibrated_probabilities(out["logits"], model.temperature.cpu())
+    if tta:  # the mean probabilities of each image and its mirror image
+        probs = (probs + calibrated_probabilities(out["mirrored"], model.temperature.cpu())) / 2
+    k = min(top_k, len(model.class_names))
+    rows = {int(i): top_k_row(paths[int(i)], p, model.class_names, k)
+            for i, p in zip(out["index"], probs.double().numpy(), strict=True)}
+    return [rows.get(i) or error_row(paths[i], decode_error(paths[i])) for i in range(len(paths))]
+
+
+def decode_error(path: str) -> str:
+    """Why ``path`` could not be read (asked again only for the files that failed)."""
+    try:
+        read_rgb(path)
+    except DECODE_ERRORS as err:
+        return f"{type(err).__name__}: {err}"
+    return "could not be decoded"
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m project predict", description=__doc__.split("\n")[0])
+    p.add_argument("--ckpt_path", default="best", help="a .ckpt, a run folder, best or last")
+    p.add_argument("--input", required=True, help="an image file or a folder of images")
+    p.add_argument("--output", default="preds.csv", help="CSV file to write")
+    p.add_argument("--top_k", type=int, default=3)
+    p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--num_workers", type=int, default=0)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--tta", default="none", choices=["none", "hflip"],
+                   help="hflip: average each image's probabilities with its mirror image's")
+    a = p.parse_args(argv)
+    ckpt = resolve_checkpoint(a.ckpt_path)
+    if a.tta == "hflip":
+        check_mirror_tta(read_checkpoint(ckpt, mmap=True).get("datamodule_hyper_parameters") or {})
+    paths = input_files(a.input)
+    if not paths:
+        raise ProjectError(f"no image files in '{a.input}'")
+    model = load_model(ckpt)
+    rows = predict_files(model, paths, a.top_k, a.batch_size, a.num_workers, a.device, a.tta == "hflip")
+    write_csv(rows, Path(a.output), min(a.top_k, len(model.class_names)))
+    failed = [r for r in rows if r["error"]]
+    print(f"{len(rows) - len(failed)} images classified with {ckpt} -> {a.output}")
+    for r in failed:
+        print(f"  could not read {r['path']}: {r['error']}")
+    return 0

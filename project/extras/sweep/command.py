@@ -1,0 +1,138 @@
+"""``python -m project sweep``: search training settings with Optuna (README "Sweeps").
+
+    python -m project sweep --config configs/train.yaml --sweep configs/sweep.yaml \\
+        [--n_trials 20] [--timeout S] [--study NAME] [--storage URL] [--seeds K] [--key=value ...]
+
+``--n_trials`` is the number of finished trials the study should hold, not a number to add:
+running the same command again after an interruption (or on a second worker) completes the
+remainder. The extra ``--config`` files and ``--key=value`` overrides are those of ``fit``,
+applied to every trial under the trial's own parameters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from project.errors import ConfigError
+from project.extras.diagnose.tools import split_configs
+from project.extras.sweep import results
+from project.extras.sweep.space import Param, check_against_config, load_space
+from project.extras.sweep.study import SWEEP_ROOT, check_same_settings, open_study, storage_url
+from project.extras.sweep.trials import TRIAL_ARGS, TrialFailed, TrialRunner, run_study
+
+DIRECTIONS = {"max": "maximize", "maximize": "maximize", "min": "minimize", "minimize": "minimize"}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m project sweep", allow_abbrev=False,
+        description="Search training settings with Optuna; each trial is an ordinary fit run. "
+                    "Other arguments (--config FILE, --key=value) are fit's, applied to every trial.")
+    p.add_argument("--sweep", default="configs/sweep.yaml", help="the search space (YAML)")
+    p.add_argument("--n_trials", type=int, default=20,
+                   help="finished trials the study should hold (a rerun completes the remainder)")
+    p.add_argument("--timeout", type=float, default=None, help="start no new trial after S seconds")
+    p.add_argument("--study", default=None, help="study name (default: the sweep file's name)")
+    p.add_argument("--storage", default=None,
+                   help="database URL shared by workers (default: sqlite:///logs/sweeps/STUDY.db)")
+    p.add_argument("--metric", default="val/acc", help="the validation metric to optimise")
+    p.add_argument("--direction", default="max", choices=sorted(DIRECTIONS))
+    p.add_argument("--pruner", default="median:3:1",
+                   help="median[:STARTUP_TRIALS[:WARMUP_EPOCHS]], halving[:WARMUP_EPOCHS] or none")
+    p.add_argument("--seeds", type=int, default=0,
+                   help="re-run the best trial's settings with K other seeds: mean and std")
+    p.add_argument("--heartbeat", type=int, default=10,
+                   help="seconds between a trial's heartbeats; a trial silent for 3 beats is failed")
+    p.add_argument("--sampler_seed", type=int, default=None, help="seed of the TPE sampler")
+    p.add_argument("--max_failures", type=int, default=3, help="stop after this many failed trials in a row")
+    p.add_argument("--show_output", action="store_true",
+                   help="print the training output (default: each run folder's train.log)")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    a, rest = parser().parse_known_args(argv)
+    direction = DIRECTIONS[a.direction]
+    if a.n_trials < 0 or a.seeds < 0 or a.heartbeat < 1:
+        raise ConfigError("--n_trials and --seeds must be >= 0 and --heartbeat >= 1")
+    space = load_space(a.sweep)
+    configs, overrides_ = split_configs(rest)
+    base_args = [*configs, *overrides_]
+    name = a.study or Path(a.sweep).stem
+    folder = SWEEP_ROOT / name
+    # before any trial or database: every key and value, and the trial's own arguments
+    config = check_against_config(space, base_args, a.sweep, tuple(TRIAL_ARGS))
+    url = storage_url(name, a.storage)
+    study = open_study(name, url, direction, a.pruner, a.heartbeat, a.sampler_seed)
+    check_same_settings(study, json.loads(json.dumps({
+        "fit_args": base_args, "space": [dataclasses.asdict(p) for p in space],
+        "metric": a.metric, "direction": direction})))
+    runner = TrialRunner(space, base_args, folder, url, a.metric, direction, a.pruner,
+                         quiet=not a.show_output)
+    print(f"Sweep '{name}': {len(space)} parameter(s), {a.n_trials} trials wanted, study in {url}; "
+          f"runs in {folder}/", flush=True)
+    interrupted = False
+    try:
+        run_study(study, runner, a.n_trials, a.timeout, a.max_failures)
+    except KeyboardInterrupt:
+        interrupted = True
+        print("\nInterrupted: the running trial is marked FAIL; run the same command again to "
+              "complete the study.", file=sys.stderr)
+    best_command = report(study, space, base_args, a.metric, folder)
+    if best_command and a.seeds and not interrupted:
+        seed_runs(study, space, runner, int(config.get("seed_everything") or 0), a.seeds, a.metric, folder)
+    return 130 if interrupted else 0
+
+
+def report(study, space: list[Param], base_args: list[str], metric: str, folder: Path) -> str | None:
+    """Table, CSV, best.yaml and plots; the best trial's fit command (None without one)."""
+    rows = results.trial_rows(study, space)
+    print("\n" + results.format_table(rows, metric))
+    results.write_csv(rows, folder / "trials.csv")
+    states = [r["state"] for r in rows]
+    print(f"\n{len(rows)} trials: {states.count('COMPLETE')} complete, {states.count('PRUNED')} pruned, "
+          f"{states.count('FAIL')} failed. Table: {folder / 'trials.csv'}")
+    for note in results.save_plots(study, folder):
+        print(f"  ({note})")
+    print(f"Plots: {folder}/history.png, importance.png, curves.png. "
+          f"TensorBoard HPARAMS: tensorboard --logdir {folder}")
+    if results.best_trial(study) is None:
+        print("No trial has finished yet, so there is no best configuration.")
+        return None
+    best = study.best_trial
+    command = results.write_best(study, space, base_args, metric, folder / "best.yaml")
+    run = best.user_attrs.get("run_dir", "no run folder")
+    print(f"\nBest: trial {best.number}, {metric}={best.value:.4f} ({run})")
+    print(f"Its settings: {folder / 'best.yaml'}. Train with them:\n  {command}")
+    return command
+
+
+def seed_runs(study, space: list[Param], runner: TrialRunner, base_seed: int, k: int, metric: str,
+              folder: Path) -> dict[int, float]:
+    """Re-run the best trial's settings with seeds base+1..base+k (not the trial's own seed),
+    each an ordinary run in ``<trial>_seedS/``; a finished one is reused on a rerun."""
+    best = study.best_trial
+    values = results.best_values(best, space)
+    scores: dict[int, float] = {}
+    for seed in range(base_seed + 1, base_seed + 1 + k):
+        run = f"trial_{best.number:03d}_seed{seed}"
+        done = folder / run / "sweep_result.json"
+        if done.is_file():
+            scores[seed] = json.loads(done.read_text(encoding="utf-8"))["value"]
+            continue
+        print(f"seed {seed}: re-running trial {best.number}'s settings in {folder / run}", flush=True)
+        try:
+            scores[seed] = runner.run(runner.fit_args(values, run, seed=seed), run)["value"]
+        except TrialFailed as err:
+            print(f"  -> FAILED: {err}", flush=True)
+    if scores:
+        rows = [{"seed": s, "value": v, "run_dir": str(folder / f"trial_{best.number:03d}_seed{s}")}
+                for s, v in scores.items()]
+        results.write_csv(rows, folder / "seeds.csv")
+        print(f"\nTrial {best.number} ({metric}={best.value:.4f} with seed {base_seed}); "
+              + results.seed_summary(scores, metric) + f". Table: {folder / 'seeds.csv'}")
+    return scores
