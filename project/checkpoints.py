@@ -43,8 +43,9 @@ def load_model(path: str | Path):
     hparams = {k: v for k, v in hparams.items() if k in allowed}
     hparams.update(weights=None, compile=False, optimizer=None, scheduler=None)
     model = ImageClassifier(**hparams)
+    state = {"temperature": torch.ones(()), **ckpt["state_dict"]}  # uncalibrated: T = 1, as used
     try:
-        model.load_state_dict(ckpt["state_dict"])
+        model.load_state_dict(state)
     except RuntimeError as err:
         raise CheckpointError(f"'{path}' does not fit the model its settings describe (another head or "
                               f"backbone than model.head={hparams.get('head', 'linear')}, "

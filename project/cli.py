@@ -1,16 +1,9 @@
-"""Command line: LightningCLI for fit/validate/test, plus the project's own commands.
-
-    python -m project fit --config configs/train.yaml [--key=value ...] [--run_dir DIR]
-    python -m project resume [RUN_DIR] [--key=value ...]
-    python -m project COMMAND --help     (COMMANDS below; each is imported only when it runs)
-"""
-
-from __future__ import annotations
+"""Command line: LightningCLI for fit/validate/test (``python -m project fit --config
+configs/train.yaml [--key=value ...] [--run_dir DIR]``), plus the project's own COMMANDS."""
 
 import argparse
 import importlib
 import logging
-import re
 import sys
 import warnings
 from pathlib import Path
@@ -19,6 +12,7 @@ import torch
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
+from project.callbacks.guards import Guards
 from project.data import FolderDataModule
 from project.errors import ProjectError
 from project.model import ImageClassifier
@@ -41,13 +35,12 @@ COMMANDS = {
     "models": "project.extras.zoo:main",
     "sweep": "project.extras.sweep.command:main",
 }
-HALF_PRECISIONS = ("16-mixed", "bf16-mixed", "16", "bf16", "16-true", "bf16-true")
 # added, with a notice, when a config leaves them out: without them a run can go wrong silently
 REQUIRED_CALLBACKS = ("project.callbacks.guards.Guards", "project.callbacks.resilience.Resilience")
 
 
 class FitConfigSaver(SaveConfigCallback):
-    """Save ``config.yaml`` into the run folder for ``fit`` only (a resume rewrites it)."""
+    """``config.yaml`` in the run folder, for ``fit`` only (a resume rewrites it)."""
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage == "fit":
@@ -60,11 +53,12 @@ class ProjectCLI(LightningCLI):
         """``tool``: a diagnosis run (overfit, LR finder): the guards only, no saved config.
         ``run_dir``: the folder every logger (and so the checkpoints) writes to."""
         self.tool, self.run_dir = tool, Path(run_dir) if run_dir else None
-        defaults = {}
-        if tool:
-            from project.callbacks.guards import Guards
+        ckpt = pop_option(list(sys.argv[1:] if args is None else args), "--ckpt_path")[1]
+        if ckpt:  # before Lightning reads its hyperparameters: one line of error for a foreign file
+            from project.checkpoints import read_checkpoint
 
-            defaults = {"callbacks": [Guards()]}
+            read_checkpoint(ckpt, mmap=True)
+        defaults = {"callbacks": [Guards()]} if tool else {}
         super().__init__(ImageClassifier, FolderDataModule, seed_everything_default=42,
                          save_config_callback=None if tool else FitConfigSaver,
                          save_config_kwargs={"overwrite": True}, trainer_defaults=defaults,
@@ -76,8 +70,7 @@ class ProjectCLI(LightningCLI):
         parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
 
     @staticmethod
-    def subcommands() -> dict[str, set[str]]:
-        """fit, validate, test: ``python -m project predict`` is the project's own command."""
+    def subcommands() -> dict[str, set[str]]:  # no predict: `python -m project predict` is ours
         return {k: v for k, v in LightningCLI.subcommands().items() if k != "predict"}
 
     def before_instantiate_classes(self) -> None:
@@ -87,14 +80,12 @@ class ProjectCLI(LightningCLI):
             config.data.seed = config.seed_everything  # the training draw follows the run's seed
         trainer = config.trainer
         on_gpu = torch.cuda.is_available() and "cpu" not in str(trainer.get("accelerator") or "auto")
-        if not on_gpu and str(trainer.get("precision")) in HALF_PRECISIONS and not cpu_has_bfloat16():
-            log.info("Notice: trainer.precision=%s becomes 32-true: this CPU has no bfloat16 "
-                     "instructions (AVX-512 BF16 or AMX), where bf16 runs ~10x slower than float32",
-                     trainer.precision)
+        if not on_gpu and str(trainer.get("precision")) in ("16-mixed", "16") and not cpu_has_bfloat16():
+            log.info("Notice: trainer.precision=%s becomes 32-true: bf16 runs ~10x slower than float32 "
+                     "on a CPU without AVX-512 BF16 or AMX (bf16-mixed insists)", trainer.precision)
             trainer.precision = "32-true"
         if trainer.get("sync_batchnorm") and not on_gpu:
-            log.info("Notice: trainer.sync_batchnorm turned off: SyncBatchNorm needs GPUs, and this "
-                     "run is on the CPU (each process keeps its own BatchNorm statistics).")
+            log.info("Notice: trainer.sync_batchnorm turned off: SyncBatchNorm needs GPUs")
             trainer.sync_batchnorm = False
         if self.tool:
             return
@@ -110,33 +101,22 @@ class ProjectCLI(LightningCLI):
                      ", ".join(p.rsplit(".", 1)[1] for p in missing))
             trainer.callbacks = callbacks + [Namespace(class_path=p, init_args=Namespace()) for p in missing]
 
-    def _check_checkpoint(self, subcommand: str) -> None:
-        ckpt = self.config_init[subcommand].get("ckpt_path")
-        if ckpt:
+    def instantiate_classes(self) -> None:
+        super().instantiate_classes()
+        ckpt = self.config_init[self.subcommand].get("ckpt_path") if self.subcommand else None
+        if ckpt:  # a checkpoint of other classes: one line naming both lists
             from project.checkpoints import check_checkpoint_classes
 
             check_checkpoint_classes(Path(ckpt), self.datamodule.class_names)
 
-    def before_fit(self) -> None:
-        self._check_checkpoint("fit")
-
-    def before_validate(self) -> None:
-        self._check_checkpoint("validate")
-
-    def before_test(self) -> None:
-        self._check_checkpoint("test")
-
 
 def cpu_has_bfloat16() -> bool:
-    """Whether this CPU computes bfloat16 natively. x86 CPUs without AVX-512 BF16 or AMX emulate
-    it (bf16 autocast ran 10x slower than float32 on an AVX2 machine). Outside Linux it cannot
-    tell and trusts Lightning's choice."""
+    """Whether this CPU computes bfloat16 natively (x86 without AVX-512 BF16 or AMX emulates it).
+    Outside Linux it cannot tell and trusts Lightning's choice."""
     try:
-        text = Path("/proc/cpuinfo").read_text()
+        flags = set(Path("/proc/cpuinfo").read_text().split())
     except OSError:
         return True
-    flags = set(re.findall(r"[\w.]+", " ".join(line for line in text.splitlines()
-                                                 if line.startswith(("flags", "Features")))))
     return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
@@ -149,20 +129,16 @@ def pop_option(argv: list[str], name: str) -> tuple[list[str], str | None]:
 
 
 def setup_logging() -> None:
-    # main() passes its arguments on explicitly (after resolving aliases): not a mistake.
+    # main() passes its arguments explicitly; the treespec warning is Lightning's, not the user's;
+    # Lightning 2.6 advertises a cloud service on every run
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
-    # raised inside Lightning with this torch version; nothing a user can act on
     warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\)")
-    # Lightning 2.6 advertises a cloud service on every run; it is not about this run
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
         lambda record: "Tip: For seamless cloud logging" not in record.getMessage())
-    logger = logging.getLogger("project")
-    if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
+    handler = logging.StreamHandler()  # this stderr: main() may run more than once in a process
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logging.getLogger("project").handlers = [handler]
+    logging.getLogger("project").setLevel(logging.INFO)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,8 +2,7 @@
 
 
 def default_callbacks() -> list:
-    """The guards, resilience and the run summary, for a ``Trainer`` built in Python (notebooks,
-    benchmarks, tests); the CLI takes its list from configs/train.yaml."""
+    """Guards, resilience and the run summary, for a ``Trainer`` built in Python (notebooks, tests)."""
     from project.callbacks.guards import Guards
     from project.callbacks.resilience import Resilience
     from project.callbacks.summary import RunSummary

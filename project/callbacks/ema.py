@@ -1,12 +1,6 @@
-"""Exponential moving average of the weights (EMA), on Lightning's ``WeightAveraging``.
-
-The averaged weights are what validation sees, what the best checkpoint holds (its
-``state_dict``; the raw weights stay in ``current_model_state`` for resuming) and so what
-evaluate, predict and export use. Lightning saves the average in every checkpoint, so a resumed
-run continues it exactly.
-"""
-
-from __future__ import annotations
+"""Exponential moving average of the weights (EMA), on Lightning's ``WeightAveraging``: what
+validation sees and the checkpoints' ``state_dict`` hold (so evaluate, predict and export use
+it); the raw weights stay in ``current_model_state``, so a resume continues both exactly."""
 
 import torch
 from lightning.pytorch.callbacks import WeightAveraging
@@ -14,9 +8,8 @@ from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 
 def ema_update(decay: float, warmup: bool):
-    """``multi_avg_fn`` for ``AveragedModel``: every tensor of a dtype updated at once (torch's
-    ``foreach`` EMA). With ``warmup`` the decay grows as (1 + n) / (10 + n) up to ``decay``
-    (timm's ModelEmaV3), so a short run's average is not stuck near its first weights."""
+    """``multi_avg_fn`` for ``AveragedModel`` (torch's ``foreach`` EMA); with ``warmup`` the decay
+    grows as (1 + n) / (10 + n) up to ``decay`` (timm's), so a short run's is not stuck near its start."""
 
     def update(averaged: list[torch.Tensor], current: list[torch.Tensor], num_averaged: torch.Tensor) -> None:
         n = float(num_averaged)
@@ -27,13 +20,8 @@ def ema_update(decay: float, warmup: bool):
 
 
 class EMA(WeightAveraging):
-    """EMA of parameters and buffers after every ``every_n_steps`` optimizer steps.
-
-    Args:
-        decay: weight of the old average per update (0.999: about the last 1000 steps).
-        warmup: grow the decay from 0.1 towards ``decay`` over the first updates.
-        every_n_steps: update every this many optimizer steps (a cheaper average).
-    """
+    """EMA of parameters and buffers every ``every_n_steps`` optimizer steps; ``decay`` 0.999
+    averages about the last 1000 steps; ``warmup`` grows it from 0.1 over the first updates."""
 
     def __init__(self, decay: float = 0.999, warmup: bool = True, every_n_steps: int = 1) -> None:
         if not 0 < decay < 1:

@@ -1,7 +1,4 @@
-"""Guards that stop a broken run early and say why, naming the layer, step or statistic and
-the setting that fixes it: the troubleshooting table as messages."""
-
-from __future__ import annotations
+"""Guards that stop a broken run early, naming the layer, step or statistic and the fix."""
 
 import logging
 
@@ -21,10 +18,9 @@ class TrainingHealthError(ProjectError, RuntimeError):
 
 
 class Guards(Callback):
-    """At the start, every trainable parameter must reach an optimiser. The first batch's
-    statistics are printed (and kept as TensorBoard text), warning of un-normalised or NaN
-    inputs. The first non-finite gradient stops the run before the weights change, so no later
-    checkpoint is written (with fp16 loss scaling, after ``patience_with_scaler`` in a row)."""
+    """Every trainable parameter must reach an optimiser; the first batch's statistics are logged
+    (and TensorBoard text), warning of un-normalised or NaN inputs; a non-finite gradient stops
+    the run before the weights change (with fp16 loss scaling, ``patience_with_scaler`` in a row)."""
 
     def __init__(self, max_abs_input: float = 10.0, patience_with_scaler: int = 10, top: int = 5) -> None:
         self.max_abs_input, self.patience, self.top = max_abs_input, patience_with_scaler, top
@@ -40,12 +36,11 @@ class Guards(Callback):
             return
         lines = ["parameters that would never train:"]
         if hidden:
-            lines.append("  layers held in a plain Python list/tuple/dict, so model.parameters() "
-                         "does not see them: " + ", ".join(hidden))
-            lines.append("  fix: hold them in nn.ModuleList / nn.ModuleDict (or nn.Sequential)")
+            lines += ["  layers in a plain Python list/tuple/dict, unseen by model.parameters(): "
+                      + ", ".join(hidden), "  fix: hold them in nn.ModuleList / nn.ModuleDict"]
         if missing:
-            lines.append("  trainable parameters in no optimiser param group: " + ", ".join(missing))
-            lines.append("  fix: include them in configure_optimizers (or set requires_grad=False)")
+            lines += ["  trainable parameters in no optimiser param group: " + ", ".join(missing),
+                      "  fix: include them in configure_optimizers (or set requires_grad=False)"]
         raise TrainingHealthError("\n".join(lines))
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
@@ -54,7 +49,7 @@ class Guards(Callback):
             return
         self.first_batch_seen = True
         stats = batch_stats(self.batch)
-        text = f"First training batch {tuple(self.batch.shape)}: {format_stats(stats)}"
+        text = f"First training batch {tuple(self.batch.shape)}, per channel: {format_stats(stats)}"
         log.info(text)
         writer = tensorboard(trainer) if trainer.is_global_zero else None
         if writer is not None:
@@ -108,8 +103,7 @@ class Guards(Callback):
 
 
 def plain_container_modules(model: nn.Module) -> list[str]:
-    """Modules or parameters in plain list/tuple/dict attributes: ``model.parameters()`` misses
-    them, so they never train (nn.ModuleList/ModuleDict hold them properly)."""
+    """Modules or parameters in plain list/tuple/dict attributes, which never train."""
     found = []
     for prefix, module in model.named_modules():
         for attr, value in vars(module).items():
@@ -131,22 +125,17 @@ def params_missing_from_optimizers(model: nn.Module, optimizers) -> list[str]:
 
 
 def batch_stats(x: torch.Tensor) -> dict[str, list[float]]:
-    """Per-channel mean, std, min, max (of the finite values) and non-finite count, NCHW."""
-    x = x.detach().float().transpose(0, 1).reshape(x.shape[1], -1)
+    """Per channel (NCHW): mean, std, min, max of the finite values, and the non-finite count."""
+    x = x.detach().float().transpose(0, 1).flatten(1)
     finite = torch.isfinite(x)
     values = torch.where(finite, x, torch.nan)
     mean = values.nanmean(1)
-    return {
-        "mean": mean.tolist(),
-        "std": (values - mean[:, None]).pow(2).nanmean(1).sqrt().tolist(),
-        "min": torch.where(finite, x, torch.inf).amin(1).tolist(),
-        "max": torch.where(finite, x, -torch.inf).amax(1).tolist(),
-        "nonfinite": (~finite).sum(1).tolist(),
-    }
+    std = (values - mean[:, None]).pow(2).nanmean(1).sqrt()
+    low, high = torch.where(finite, x, torch.inf).amin(1), torch.where(finite, x, -torch.inf).amax(1)
+    return {k: v.tolist() for k, v in dict(mean=mean, std=std, min=low, max=high,
+                                          nonfinite=(~finite).sum(1)).items()}
 
 
 def format_stats(stats: dict[str, list[float]]) -> str:
-    return "; ".join(
-        f"channel {c}: mean {stats['mean'][c]:.3g}, std {stats['std'][c]:.3g}, "
-        f"min {stats['min'][c]:.3g}, max {stats['max'][c]:.3g}, non-finite {stats['nonfinite'][c]}"
-        for c in range(len(stats["mean"])))
+    """One list per statistic, a value per channel."""
+    return "; ".join(f"{k} [{', '.join(f'{v:.3g}' for v in values)}]" for k, values in stats.items())

@@ -1,7 +1,5 @@
 """Checkpoints that survive crashes, and resumes that continue exactly."""
 
-from __future__ import annotations
-
 import random
 from pathlib import Path
 from typing import Any
@@ -19,8 +17,7 @@ from project.common.files import atomic_path
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Write each checkpoint to a temporary file, fsync it, then rename it into place: a kill at
-    any moment leaves the previous complete file or the new one, never a truncated one."""
+    """Each checkpoint written to a temporary file, fsynced, renamed: never a truncated one."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
         if "://" in str(path):  # remote storage: Lightning's fsspec writer
@@ -30,14 +27,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 class Resilience(Callback):
-    """Exact resumes and clean stops.
-
-    Lightning restores model, optimiser, scheduler and loop counters; the Python, NumPy and
-    torch RNG states stored here too make a run resumed at an epoch boundary continue exactly
-    as if it had never stopped (plain lists and tensors: ``weights_only`` loading reads them).
-    On SIGTERM (preemption, SLURM, ``kill``) or Ctrl+C, ``last.ckpt`` is written before the run
-    stops; other exceptions (a guard, a bug) save nothing, so the last good checkpoint stays.
-    """
+    """Exact resumes and clean stops: the RNG states (plain lists and tensors, for ``weights_only``)
+    join Lightning's, so a resume at an epoch boundary continues exactly. SIGTERM or Ctrl+C write
+    ``last.ckpt`` and stop; other exceptions (a guard, a bug) save nothing: the last good one stays."""
 
     key = "rng_states"
 

@@ -1,7 +1,5 @@
 """Say what the run is at its start, what it skipped along the way, and what it achieved."""
 
-from __future__ import annotations
-
 import logging
 from pathlib import Path
 
@@ -15,14 +13,13 @@ from project.model.metrics import summary_metrics
 log = logging.getLogger("project")
 
 
-def monitored_checkpoint(trainer: L.Trainer) -> ModelCheckpoint | None:
-    """The checkpoint callback that monitors a metric (the 'best' one), if any."""
+def monitored_checkpoint(trainer: L.Trainer) -> ModelCheckpoint | None:  # the best's
     return next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint) and cb.monitor),
                 None)
 
 
 def run_hparams(trainer: L.Trainer, module: L.LightningModule) -> dict:
-    """Model and data settings plus what was resolved at the start (weights, effective LR)."""
+    """Model and data settings, and what was resolved at the start (weights, effective LR)."""
     params = {f"model/{k}": v for k, v in module.hparams.items() if k not in ("class_names", "_instantiator")}
     if trainer.datamodule is not None:
         params.update({f"data/{k}": v for k, v in trainer.datamodule.hparams.items() if k != "_instantiator"})
@@ -35,9 +32,8 @@ def run_hparams(trainer: L.Trainer, module: L.LightningModule) -> dict:
 
 
 class RunSummary(Callback):
-    """The run's settings in every logger (``hparams.yaml``; TensorBoard's HPARAMS table, with
-    ``metrics.summary_metrics`` as columns); after each epoch, the undecodable images skipped so
-    far (``train/skipped_images``); at the end, the key numbers and the checkpoints."""
+    """The settings in every logger (``hparams.yaml``, HPARAMS with ``summary_metrics`` columns);
+    the undecodable images skipped (``train/skipped_images``); at the end, numbers and checkpoints."""
 
     def __init__(self) -> None:
         self.reported: set[str] = set()
@@ -52,7 +48,8 @@ class RunSummary(Callback):
             if isinstance(logger, TensorBoardLogger):  # the HPARAMS table's metric columns
                 from torch.utils.tensorboard.summary import hparams
 
-                for summary in hparams(params, dict.fromkeys(summary_metrics(), 0.0)):
+                columns = summary_metrics(pl_module.hparams.num_classes)
+                for summary in hparams(params, dict.fromkeys(columns, 0.0)):
                     logger.experiment.file_writer.add_summary(summary)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -82,7 +79,8 @@ class RunSummary(Callback):
         metrics = trainer.callback_metrics
         lines = ["", "=" * 72, f"Run finished after {trainer.current_epoch} epochs "
                  f"({trainer.global_step} steps). Logs: {log_dir}"]
-        lines += [f"  {key:<14} {float(metrics[key]):.4f}" for key in summary_metrics() if key in metrics]
+        lines += [f"  {key:<14} {float(metrics[key]):.4f}"
+                  for key in summary_metrics(pl_module.hparams.num_classes) if key in metrics]
         best = monitored_checkpoint(trainer)
         if best is not None and best.best_model_path:
             lines.append(f"  best checkpoint ({best.monitor}={float(best.best_model_score):.4f}): "

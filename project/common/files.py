@@ -1,7 +1,5 @@
 """One atomic writer and one image lister for training, deployment and tools (torch-free)."""
 
-from __future__ import annotations
-
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,8 +13,7 @@ IMAGE_EXTENSIONS = frozenset(
 
 @contextmanager
 def atomic_path(final: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``final``; once the block has written it, fsync and rename:
-    a crash or an error leaves the old complete file or the new one, never a half-written one."""
+    """A temporary path beside ``final``, fsynced and renamed once written: never half-written."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.stem}.tmp{final.suffix}")
@@ -30,7 +27,6 @@ def atomic_path(final: str | Path) -> Iterator[Path]:
 
 
 def write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` atomically."""
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
 
@@ -40,8 +36,7 @@ def is_image_file(name: str) -> bool:
 
 
 def walk_files(folder: str | Path) -> list[str]:
-    """Every non-hidden file below ``folder``, sorted, following symlinked folders but never in
-    a cycle (broken links included: check-data reports them)."""
+    """Every non-hidden file below ``folder``, sorted, through symlinked folders but no cycle."""
     found: list[str] = []
     seen: set[str] = set()
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):

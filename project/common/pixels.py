@@ -1,12 +1,7 @@
-"""One image reader, :func:`read_rgb`, for training, the cache, predict, infer.py and resize-data.
-
-Torch-free (infer.py runs without torch). EXIF orientation applied, any mode to 8-bit RGB and,
-when a short side is asked for, reduced to it: a JPEG decodes at 1/2, 1/4 or 1/8 scale in the
-decoder itself (a 12-MP photo in ~25 ms instead of ~150 ms), then every format is resized once
-more to the exact side.
+"""One torch-free image reader, :func:`read_rgb`, for training, the cache, predict, infer.py and
+resize-data: upright (EXIF), 8-bit RGB, and reduced to a short side when asked (a JPEG in the
+decoder itself, at 1/2, 1/4 or 1/8 scale, then every format once more to the exact side).
 """
-
-from __future__ import annotations
 
 import struct
 
@@ -14,12 +9,10 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 HIGH_BIT_MODES = frozenset({"I", "I;16", "I;16B", "I;16L", "I;16N", "F"})
-# Antialiased bilinear, as torchvision's Resize(antialias=True); with ``reducing_gap`` a large
-# reduction first averages boxes, then filters the last >= 3x: the same pixels, several times faster.
+# torchvision's antialiased bilinear; ``reducing_gap`` first averages boxes, then filters the last 3x
 REDUCE_FILTER = Image.Resampling.BILINEAR
 REDUCING_GAP = 3.0
-# What reading a file that is not a decodable image raises (truncated, empty, another format,
-# unreadable, a decompression bomb): callers skip or report these; anything else propagates.
+# What reading a file that is not a decodable image raises; callers skip or report these.
 DECODE_ERRORS = (OSError, UnidentifiedImageError, ValueError, SyntaxError, EOFError, struct.error,
                  Image.DecompressionBombError)
 
@@ -48,9 +41,8 @@ def reduced_size(size: tuple[int, int], short_side: int | None) -> tuple[int, in
 
 
 def draft(img: Image.Image, short_side: int | None) -> None:
-    """Let a JPEG decode at the smallest DCT scale whose short side is >= ``short_side`` (other
-    formats: no-op). A square request depends on the short side alone, so the stored (not yet
-    EXIF-rotated) orientation does not matter. Call before ``load()``."""
+    """Let a JPEG decode at the smallest DCT scale whose short side is >= ``short_side`` (a
+    square request: the not yet EXIF-rotated orientation does not matter)."""
     if short_side is not None and min(img.size) > short_side:
         img.draft("RGB", (short_side, short_side))  # Image.draft: no-op unless JPEG (or MPO)
 

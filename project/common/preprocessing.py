@@ -1,10 +1,6 @@
-"""What a model expects of its input: one record for training, checkpoints, exports and infer.py
-(torch-free: infer.py reads it back from an ONNX file). ``backbones.resolve_preprocessing``
-decides the values, once; everything else reads this record."""
+"""What a model expects of its input: one record for training, checkpoints, exports and the
+torch-free infer.py. ``backbones.resolve_preprocessing`` decides the values; the rest read them."""
 
-from __future__ import annotations
-
-import json
 from dataclasses import dataclass
 
 from project.errors import require
@@ -37,15 +33,3 @@ class Preprocessing:
     @property
     def resize_size(self) -> int:
         return round(self.image_size / self.crop_ratio)
-
-    def metadata(self) -> dict[str, str]:
-        """As strings, for an ONNX file's metadata."""
-        return {"image_size": str(self.image_size), "crop_ratio": repr(self.crop_ratio),
-                "interpolation": self.interpolation, "mean": json.dumps(list(self.mean)),
-                "std": json.dumps(list(self.std))}
-
-    @classmethod
-    def from_metadata(cls, meta: dict[str, str]) -> Preprocessing:
-        return cls(int(meta["image_size"]), float(meta["crop_ratio"]),
-                   meta.get("interpolation", "bilinear"), tuple(json.loads(meta["mean"])),
-                   tuple(json.loads(meta["std"])))

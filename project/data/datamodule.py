@@ -1,7 +1,5 @@
 """FolderDataModule: a folder of class subfolders in, seeded DataLoaders out."""
 
-from __future__ import annotations
-
 import logging
 import os
 from dataclasses import asdict
@@ -27,14 +25,10 @@ log = logging.getLogger(__name__)
 
 
 class FolderDataModule(L.LightningDataModule):
-    """Images in ``data_dir/{train,val,test}/<class>/`` (or one folder, split here); a folder
-    written by ``optimize-data`` (or its URL) is streamed instead (``project/extras/streaming``).
-
-    The input size and normalisation are the model's: ``setup`` builds the transforms from the
-    attached model's ``preprocessing``, so data and model cannot disagree (without a model, set
-    ``model_preprocessing``; else ImageNet's convention at 224 px applies). configs/train.yaml
-    explains the settings; ``seed`` None takes the run's (the CLI passes ``seed_everything``).
-    """
+    """Images in ``data_dir/{train,val,test}/<class>/`` (or one folder, split here), or streamed
+    from an ``optimize-data`` folder. Input size and normalisation are the attached model's
+    ``preprocessing``, so the two cannot disagree (else ``model_preprocessing``, else ImageNet's at
+    224 px). configs/train.yaml explains the settings; ``seed`` None takes the run's."""
 
     def __init__(
         self,
@@ -57,8 +51,7 @@ class FolderDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         require(batch_size >= 1, "data.batch_size", "must be an integer >= 1", batch_size)
-        require(num_workers is None or num_workers >= 0, "data.num_workers", "must be >= 0 or null",
-                num_workers)
+        require((num_workers or 0) >= 0, "data.num_workers", "must be >= 0 or null", num_workers)
         require(prefetch_factor is None or prefetch_factor >= 1, "data.prefetch_factor",
                 "must be >= 1 or null", prefetch_factor)
         require(cache_gb > 0, "data.cache_gb", "must be above 0 (data.cache=none turns it off)", cache_gb)
@@ -67,6 +60,8 @@ class FolderDataModule(L.LightningDataModule):
         folders.check_fractions(val_fraction, test_fraction)
         if isinstance(augmentation, dict):  # as a checkpoint stores it
             augmentation = Augmentation(**augmentation)
+        if augmentation is not None:
+            augmentation.check()
         self.save_hyperparameters(logger=False)  # the run summary logs them with the model's
         data_dir = str(data_dir)  # a Path would not load with weights_only
         self.hparams.data_dir = data_dir
@@ -101,7 +96,6 @@ class FolderDataModule(L.LightningDataModule):
 
     @property
     def preprocessing(self) -> Preprocessing:
-        """The attached model's preprocessing (or ``model_preprocessing``, or ImageNet's)."""
         model = self.trainer.lightning_module if self.trainer is not None else None
         return getattr(model, "preprocessing", None) or self.model_preprocessing or Preprocessing()
 
@@ -165,19 +159,20 @@ class FolderDataModule(L.LightningDataModule):
     def world(self) -> tuple[int, int]:
         return (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
 
+    def on_cuda(self) -> bool:
+        return self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
+
     def workers(self) -> int:
-        """``num_workers``, or the automatic choice for the accelerator in use."""
+        """``num_workers``; null: none on a CPU (they would compete with the model), else up to 8."""
         if self.num_workers is not None:
             return self.num_workers
-        on_cuda = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
-        return min(8, max(1, (os.cpu_count() or 2) - 1)) if on_cuda else 0
+        return min(8, max(1, (os.cpu_count() or 2) - 1)) if self.on_cuda() else 0
+
+    def pin_memory(self) -> bool:
+        return self.on_cuda() if self.hparams.pin_memory is None else self.hparams.pin_memory
 
     def run_seed(self) -> int:
         return self.seed if self.seed is not None else torch.initial_seed() % 2**31
-
-    def pin_memory(self) -> bool:
-        on_cuda = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
-        return on_cuda if self.hparams.pin_memory is None else self.hparams.pin_memory
 
     def loader(self, dataset, sampler=None) -> DataLoader:
         workers, hp = self.workers(), self.hparams
@@ -215,11 +210,10 @@ class FolderDataModule(L.LightningDataModule):
 
 
 def epoch_to_start(trainer: L.Trainer | None) -> int:
-    """The epoch a fit is about to run, when its train loader is made. Lightning calls
-    ``set_epoch`` only after it has created the loader's iterator, which already draws the first
-    batch (and, with workers, prefetches more), so a resumed run must set it here. Lightning has
-    no public counter for it: ``trainer.current_epoch`` still shows the epoch before at this
-    point. Read from the fit loop's progress; the exact-resume test fails if that changes."""
+    """The epoch a fit is about to run, when its train loader is made: Lightning calls
+    ``set_epoch`` only after the loader's iterator has drawn (and prefetched) the first batches,
+    and ``trainer.current_epoch`` still shows the epoch before. No public counter holds it: read
+    from the fit loop's progress (the exact-resume test fails if that changes)."""
     if trainer is None:
         return 0
     return trainer.fit_loop.epoch_progress.current.processed

@@ -1,8 +1,6 @@
 """The Dataset: decode (or read the cache), augment (new variants every epoch, drawn from the
 seed the sampler hands over with each index), and survive bad files."""
 
-from __future__ import annotations
-
 from collections.abc import Callable, Sequence
 
 import torch
@@ -18,19 +16,14 @@ class BadImageError(ProjectError, RuntimeError):
 
 
 class ImageDataset(Dataset):
-    """``samples`` as (image, label), decoded at ``short_side`` or read from ``cache``. A key is
-    an index, or ``(index, seed)`` from ``EpochSampler``. An undecodable file gives None
-    (dropped by :func:`collate_skipping_bad`) and is flagged in shared memory, so that workers
-    can report what they skipped."""
+    """``samples`` as (image, label), by index or ``(index, seed)`` (``EpochSampler``'s). An
+    undecodable file gives None (dropped in the collate), flagged in shared memory for the report."""
 
     def __init__(self, samples: Sequence[Sample], transform: Callable[[torch.Tensor], torch.Tensor],
                  cache: ImageCache | None = None, on_bad_image: str = "skip",
                  short_side: int | None = None) -> None:
         require(on_bad_image in ("skip", "error"), "data.on_bad_image", "must be skip or error",
                 on_bad_image)
-        if cache is not None and cache.short_side != short_side:
-            raise ValueError(f"the cache holds images reduced to {cache.short_side} px but the "
-                             f"dataset decodes at {short_side}: build both with one side")
         self.samples = list(samples)
         self.targets = [s.label for s in self.samples]
         self.transform, self.cache = transform, cache
@@ -41,7 +34,6 @@ class ImageDataset(Dataset):
         return len(self.samples)
 
     def load(self, index: int) -> torch.Tensor:
-        """The decoded uint8 image (3, H, W), from the cache when there is one."""
         image = self.cache[index] if self.cache is not None else None
         return image if image is not None else decode(self.samples[index].path, self.short_side)
 
@@ -57,7 +49,6 @@ class ImageDataset(Dataset):
         return seeded_transform(self.transform, image, seed), self.samples[index].label
 
     def skipped_paths(self) -> list[str]:
-        """Images skipped so far because they could not be decoded."""
         return [self.samples[i].path for i in self.bad_flags.nonzero().flatten().tolist()]
 
 
@@ -66,8 +57,7 @@ def seeded_transform(transform: Callable[[torch.Tensor], torch.Tensor], image: t
     """``transform(image)`` with the random augmentation drawn from ``seed`` (None: as it is)."""
     if seed is None:
         return transform(image)
-    # Seed only the CPU generator (torch.manual_seed also seeds every accelerator's: 100x
-    # slower), and put the state back so the caller's random stream is untouched.
+    # the CPU generator only (torch.manual_seed also seeds each GPU's, far slower), then restored
     state = torch.get_rng_state()
     torch.default_generator.manual_seed(seed)
     try:

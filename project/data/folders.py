@@ -1,10 +1,5 @@
-"""Find classes and images in a data folder, with errors a user can act on.
-
-Layouts: ``<root>/{train,val,test}/<class>/<image>`` (val and test optional), or one
-``<root>/<class>/<image>`` folder, split by ``splits.py``.
-"""
-
-from __future__ import annotations
+"""Find classes and images in ``<root>/{train,val,test}/<class>/`` (val and test optional) or
+one ``<root>/<class>/`` folder (split by ``splits.py``), with errors a user can act on."""
 
 import logging
 import os
@@ -15,7 +10,6 @@ from project.common.files import IMAGE_EXTENSIONS, list_images
 from project.errors import ProjectError, require
 
 log = logging.getLogger(__name__)
-SPLIT_NAMES = ("train", "val", "test")
 STREAMING_MANIFEST = "project.json"  # marks a folder that optimize-data wrote (streamed, not listed)
 LAYOUT_HINT = (
     "Lay the images out as <data_dir>/train/<class>/<image> (with optional val/ and test/ "
@@ -60,8 +54,7 @@ def scan_split(folder: Path, classes: list[str]) -> list[Sample]:
 
 
 def structure_problems(data_dir: str | Path) -> list[str]:
-    """Everything that stops training before it starts, each naming the path and the fix
-    (training raises on the list; check-data prints it)."""
+    """What stops training before it starts, naming the path and the fix (check-data prints it)."""
     root = Path(data_dir)
     if not root.is_dir():
         what = "is a file, not a folder" if root.exists() else "does not exist"
@@ -90,7 +83,6 @@ def structure_problems(data_dir: str | Path) -> list[str]:
 
 
 def check_fractions(val_fraction: float, test_fraction: float) -> None:
-    """Each in [0, 1) and their sum below 1: the rest is the training set."""
     require(0 <= val_fraction < 1, "data.val_fraction", "must be in [0, 1)", val_fraction)
     require(0 <= test_fraction < 1, "data.test_fraction", "must be in [0, 1)", test_fraction)
     require(val_fraction + test_fraction < 1, "data.val_fraction + data.test_fraction",
@@ -99,7 +91,7 @@ def check_fractions(val_fraction: float, test_fraction: float) -> None:
 
 def discover(data_dir: str | Path, val_fraction: float = 0.15, test_fraction: float = 0.15,
              seed: int = 0) -> FolderSplits:
-    """Read the folder layout; raise :class:`DataFolderError` with the fix when it is unusable."""
+    """The folder's splits; a :class:`DataFolderError` with the fix when it is unusable."""
     check_fractions(val_fraction, test_fraction)
     problems = structure_problems(data_dir)
     if problems:
@@ -118,8 +110,7 @@ def discover(data_dir: str | Path, val_fraction: float = 0.15, test_fraction: fl
 
 
 def empty_split_fix(data_dir: str, split: str) -> str:
-    """How to get images into an empty split: with a train/ folder no test set is ever split
-    off, only a test/ folder gives one."""
+    """How to fill an empty split (with a train/ folder only a test/ folder gives a test set)."""
     if not (Path(data_dir) / "train").is_dir():
         if split == "train":
             return "lower data.val_fraction and data.test_fraction, or add images"

@@ -1,8 +1,6 @@
 """Decode image files to uint8 RGB tensors, reduced once to the short side the transforms need
 (:func:`needed_side`), and an optional in-memory cache of them."""
 
-from __future__ import annotations
-
 import io
 import math
 import os
@@ -17,19 +15,17 @@ from project.common.preprocessing import Preprocessing
 
 
 def needed_side(pre: Preprocessing, crop_scale: tuple[float, float] | None = None) -> int:
-    """The short side to decode at: evaluation's resize side, or for training (``crop_scale``)
-    ``image_size / sqrt(smallest area share)``, so that even the smallest random crop is not
-    enlarged (290 px at 224 px and the default crop scale)."""
+    """The short side to decode at: evaluation's resize side or, for training, one at which even
+    the smallest random crop (``crop_scale[0]``) is not enlarged."""
     if crop_scale is None:
         return pre.resize_size
     need = pre.image_size / math.sqrt(crop_scale[0])
     return max(pre.resize_size, math.ceil(need - 1e-9))  # 224 / sqrt(0.25) is 448, not 449
 
 
-def decode(source: str | bytes, short_side: int | None = None) -> torch.Tensor:
-    """A file path (or an image file's bytes) as a uint8 tensor (3, H, W), reduced to
-    ``short_side`` (never enlarged; None: full size). Raises one of :data:`DECODE_ERRORS`."""
-    data = io.BytesIO(source) if isinstance(source, bytes) else source
+def decode(source: str | bytes | memoryview, short_side: int | None = None) -> torch.Tensor:
+    """A path (or a file's bytes) as uint8 (3, H, W), reduced to ``short_side`` (None: full)."""
+    data = source if isinstance(source, str | os.PathLike) else io.BytesIO(source)
     return torch.from_numpy(read_rgb(data, short_side)).permute(2, 0, 1).contiguous()
 
 
@@ -51,8 +47,7 @@ def try_decode(path: str, short_side: int | None = None) -> torch.Tensor | None:
 
 def decode_all(paths: Sequence[str], short_side: int | None, threads: int | None = None
                ) -> Iterator[torch.Tensor | None]:
-    """Decoded images (None for a bad file), in order, from a thread pool (Pillow releases the
-    GIL), each released once consumed."""
+    """Decoded images (None for a bad file), in order, from threads (Pillow releases the GIL)."""
     with ThreadPoolExecutor(threads or min(8, os.cpu_count() or 1)) as pool:
         yield from pool.map(lambda p: try_decode(p, short_side), paths)
 
@@ -74,7 +69,7 @@ class ImageCache:
 
     @classmethod
     def decode(cls, paths: Sequence[str], short_side: int | None = None,
-               threads: int | None = None) -> ImageCache:
+               threads: int | None = None) -> "ImageCache":
         images = list(decode_all(paths, short_side, threads))
         shapes = [(0, 0, 0) if img is None else tuple(img.shape) for img in images]
         cache = cls(torch.empty(int(offsets_of(shapes)[-1]), dtype=torch.uint8), shapes, short_side)

@@ -1,14 +1,9 @@
 """Samplers for one process or many: a seeded training draw per epoch, and evaluation shards.
 
-Every rank computes the same training draw from (seed, epoch) and takes every
-``num_replicas``-th element from its ``rank``: disjoint shares whose union is the draw. With
-``weights`` the draw is with replacement (``WeightedRandomSampler``), else a permutation. Each
-index comes with a seed for its augmentation, so the images depend only on (seed, epoch,
-position), not on workers, ranks or an interruption. Both subclass ``DistributedSampler``, so
-Lightning keeps them under DDP and calls ``set_epoch``.
+Every rank computes the same draw from (seed, epoch) and takes every ``num_replicas``-th index
+(with ``weights``: with replacement). Each index comes with its augmentation's seed, so the
+images depend on (seed, epoch, position) alone, not on workers, ranks or an interruption.
 """
-
-from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
@@ -25,8 +20,7 @@ def epoch_seed(seed: int, epoch: int) -> int:
 
 
 def inverse_frequency(targets: Sequence[int], num_classes: int) -> torch.Tensor:
-    """Per-class weights ``N / (classes x count)`` (1 for a balanced set); indexed with the
-    targets, per-sample weights for a class-balanced draw."""
+    """Per-class weights ``N / (classes x count)``; indexed by the targets, a balanced draw's."""
     labels = torch.as_tensor(targets)
     counts = torch.bincount(labels, minlength=num_classes).clamp(min=1).double()
     return counts.sum() / (num_classes * counts)
@@ -36,14 +30,10 @@ class EpochSampler(DistributedSampler):
     def __init__(self, num_items: int, weights: torch.Tensor | None = None, shuffle: bool = True,
                  seed: int = 0, num_replicas: int = 1, rank: int = 0) -> None:
         # Not calling DistributedSampler.__init__: it needs a dataset and a process group.
-        if not 0 <= rank < num_replicas:
-            raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
         self.num_items, self.shuffle, self.seed = num_items, shuffle, seed
         self.num_replicas, self.rank, self.epoch = num_replicas, rank, 0
         self.drop_last = False  # read by Lightning as on a DistributedSampler; never dropped here
         self.weights = None if weights is None else torch.as_tensor(weights, dtype=torch.double)
-        if self.weights is not None and len(self.weights) != num_items:
-            raise ValueError("one weight per item is needed")
         self.num_samples = math.ceil(num_items / num_replicas)
         self.total_size = self.num_samples * num_replicas
 
@@ -74,8 +64,7 @@ class EpochSampler(DistributedSampler):
 
 
 class ShardSampler(DistributedSampler):
-    """Evaluation: rank r takes items r, r + R, ... without padding, so every image is counted
-    exactly once across ranks."""
+    """Evaluation: rank r takes items r, r + R, ... unpadded: each image counts once."""
 
     def __init__(self, num_items: int, num_replicas: int = 1, rank: int = 0) -> None:
         self.num_items, self.num_replicas, self.rank = num_items, num_replicas, rank

@@ -1,13 +1,6 @@
-"""Train and eval pipelines (torchvision.transforms.v2) on decoded uint8 CHW images.
-
-Evaluation is deterministic: resize, center crop, normalise, with the numbers of the model's
-:class:`Preprocessing`. Training draws fresh random variants every epoch from the named
-settings of :class:`Augmentation` (the ``data.augmentation.*`` keys), in the spirit of
-torchvision's reference presets and timm's flags. To add an augmentation: a field below and one
-line in :func:`train_transforms`.
-"""
-
-from __future__ import annotations
+"""Train and eval pipelines (torchvision.transforms.v2) on decoded uint8 CHW images: evaluation
+with the model's :class:`Preprocessing`, training from the :class:`Augmentation` settings
+(``data.augmentation.*``). To add one: a field below and a line in :func:`train_transforms`."""
 
 import logging
 from dataclasses import dataclass
@@ -16,7 +9,7 @@ from typing import Literal
 import torch
 from torchvision.transforms import InterpolationMode, v2
 
-from project.common.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Preprocessing
+from project.common.preprocessing import Preprocessing
 from project.errors import require
 
 log = logging.getLogger(__name__)
@@ -35,7 +28,12 @@ class Augmentation:
     auto_augment: AutoAugment = "none"  # a learned policy on top
     random_erasing: float = 0.0  # probability of erasing a random rectangle
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # a checkpoint stores the crop scale as a list
+        object.__setattr__(self, "crop_scale", tuple(self.crop_scale))
+
+    def check(self) -> "Augmentation":
+        """A one-line error naming the first setting out of range (not in ``__post_init__``:
+        the config parser would wrap it in its own)."""
         for key in ("hflip", "vflip", "random_erasing", "color_jitter"):
             value = getattr(self, key)
             require(0 <= value <= 1, f"data.augmentation.{key}", "must be in [0, 1]", value)
@@ -44,19 +42,15 @@ class Augmentation:
                 "must be [min, max] with 0 < min <= max <= 1", list(self.crop_scale))
         require(self.auto_augment in AutoAugment.__args__, "data.augmentation.auto_augment",
                 f"must be one of {', '.join(AutoAugment.__args__)}", self.auto_augment)
-
-
-def interpolation(pre: Preprocessing) -> InterpolationMode:
-    return InterpolationMode(pre.interpolation)
+        return self
 
 
 def train_transforms(pre: Preprocessing, aug: Augmentation | None) -> v2.Compose:
-    """Random resized crop, flips, auto-augment, colour jitter, random erasing; with ``aug=None``
-    the evaluation pipeline (checks that need no randomness). The crop and the policies run on
-    uint8 (torchvision's fast path), the jitter on floats; no hue jitter, as in timm."""
+    """Random resized crop, flips, auto-augment (on uint8: the fast path), colour jitter (no hue,
+    as timm), random erasing; ``aug=None``: the evaluation pipeline."""
     if aug is None:
         return eval_transforms(pre)
-    mode = interpolation(pre)
+    mode = InterpolationMode(pre.interpolation)
     policies = {"randaugment": v2.RandAugment, "trivialaugment": v2.TrivialAugmentWide,
                 "augmix": v2.AugMix}
     steps: list[v2.Transform] = [
@@ -80,7 +74,7 @@ def train_transforms(pre: Preprocessing, aug: Augmentation | None) -> v2.Compose
 def eval_transforms(pre: Preprocessing) -> v2.Compose:
     """Resize the short side to ``image_size / crop_ratio``, then center-crop ``image_size``."""
     return v2.Compose([
-        v2.Resize(pre.resize_size, interpolation=interpolation(pre), antialias=True),
+        v2.Resize(pre.resize_size, interpolation=InterpolationMode(pre.interpolation), antialias=True),
         v2.CenterCrop(pre.image_size),
         v2.ToDtype(torch.float32, scale=True),
         v2.Normalize(pre.mean, pre.std),
@@ -88,9 +82,8 @@ def eval_transforms(pre: Preprocessing) -> v2.Compose:
 
 
 def check_scale_agreement(pre: Preprocessing, aug: Augmentation) -> None:
-    """Say so when objects will look bigger or smaller in training than in evaluation: evaluation
-    keeps a ``crop_ratio**2`` share of a square image, a training crop an area share drawn from
-    ``crop_scale``; outside that range the model never trains at its evaluation scale."""
+    """Say so when evaluation's kept share of an image (``crop_ratio**2``) is outside training's
+    ``crop_scale``: the model would never train at its evaluation scale."""
     share = pre.crop_ratio ** 2
     low, high = aug.crop_scale
     if not low <= share <= high:
@@ -98,10 +91,3 @@ def check_scale_agreement(pre: Preprocessing, aug: Augmentation) -> None:
                     "crops keep %.0f-%.0f%% (data.augmentation.crop_scale): objects will have "
                     "another apparent size in evaluation. Widen crop_scale to include %.2f.",
                     100 * share, pre.crop_ratio, 100 * low, 100 * high, share)
-
-
-def denormalise(batch: torch.Tensor, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> torch.Tensor:
-    """Undo the normalisation for display: float images in 0..1."""
-    m = torch.tensor(mean, device=batch.device).view(-1, 1, 1)
-    s = torch.tensor(std, device=batch.device).view(-1, 1, 1)
-    return (batch.float() * s + m).clamp(0, 1)

@@ -1,12 +1,8 @@
-"""The network: a torchvision (or timm) classifier, its pretrained weights, and a new head.
+"""The network: a torchvision (or ``timm/<name>``) classifier, its weights, and a new head.
 
-Weights resolve in this order: a local file, the torch hub cache, a download. When none works
-(offline) the run goes on from random weights but says so loudly, names the file and the folder
-to put it in, and records ``pretrained: false``. ``timm/<name>`` backbones follow the same policy
-with the Hugging Face cache (``project/extras/timm_hub.py``, imported only for them).
+Weights come from a file, the torch hub (or, for timm, Hugging Face) cache or a download;
+offline, the run goes on from random weights but says so loudly, naming the file and folder.
 """
-
-from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
@@ -70,8 +66,8 @@ def model_names() -> list[str]:
 
 def build(name: str, weights: str | None, num_classes: int, head: Head = Head(),
           image_size: int | None = None) -> Backbone:
-    """The named model with ``weights`` and a fresh ``num_classes`` head: a torchvision name, or
-    ``timm/<name>`` (``image_size`` reaches timm models built for one input size, e.g. ViTs)."""
+    """A torchvision or ``timm/<name>`` model with ``weights`` and a fresh ``num_classes`` head
+    (``image_size`` reaches timm models built for one input size, e.g. ViTs)."""
     if num_classes < 2:
         raise WeightsError(f"model.num_classes must be at least 2, got {num_classes}")
     if name.startswith(TIMM_PREFIX):
@@ -120,8 +116,7 @@ def load_torchvision(name: str, weights: str | None) -> tuple[nn.Module, bool, s
 
 
 def warn_no_weights(what: str, reason: str, expected: Path, how: str) -> None:
-    """The loud offline warning, for torchvision and timm alike: what is missing, and the exact
-    file and folder to place."""
+    """The loud offline warning (torchvision and timm): what is missing, and where to put it."""
     bar = "!" * 88
     log.warning(
         "\n%s\n!! PRETRAINED WEIGHTS NOT AVAILABLE for %s: %s\n"
@@ -164,9 +159,8 @@ def replace_head(net: nn.Module, name: str, num_classes: int, head: Head) -> Non
 def resolve_preprocessing(backbone: str, weights: str | None, image_size: int,
                           crop_ratio: float | None = None, interpolation: str | None = None,
                           mean: list[float] | None = None, std: list[float] | None = None) -> Preprocessing:
-    """The one resolver of a model's input preprocessing (timm's ``resolve_data_config``): each
-    value given wins; the others are the pretrained weights' own (torchvision's
-    ``weights.transforms()``, timm's ``pretrained_cfg``), else ImageNet's convention."""
+    """The one resolver of a model's input (as timm's ``resolve_data_config``): a value given wins,
+    else the weights' own (torchvision's ``transforms()``, timm's ``pretrained_cfg``), else ImageNet's."""
     base = {"crop_ratio": 0.875, "interpolation": "bilinear", "mean": IMAGENET_MEAN, "std": IMAGENET_STD}
     if backbone.startswith(TIMM_PREFIX) and not is_scratch(weights):
         from project.extras import timm_hub

@@ -1,11 +1,5 @@
-"""ImageClassifier: a pretrained backbone with a new head, fine-tuned on the data's classes.
-
-The network and head are built in ``backbones.py``, the parameter groups in
-``param_groups.py``, the schedule in ``schedule.py``, the logged metrics in ``metrics.py``; the
-loss is :meth:`ImageClassifier.loss`; the optimiser and schedule are chosen in the config.
-"""
-
-from __future__ import annotations
+"""ImageClassifier: a pretrained backbone with a new head (``backbones.py``), parameter groups
+(``param_groups.py``), schedule (``schedule.py``) and metrics (``metrics.py``)."""
 
 import functools
 import logging
@@ -15,13 +9,14 @@ import lightning as L
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
+from torchmetrics import MaxMetric
 from torchmetrics.classification import MulticlassAccuracy
 from torchvision.transforms import v2
 
 from project.data.samplers import inverse_frequency
 from project.errors import ConfigError, require
 from project.model import backbones, schedule
-from project.model.metrics import BestSoFar, StageMetrics
+from project.model.metrics import StageMetrics
 from project.model.param_groups import make_param_groups
 
 log = logging.getLogger("project")
@@ -31,13 +26,9 @@ DEFAULT_OPTIMIZER = functools.partial(torch.optim.SGD, lr=0.01, momentum=0.9, we
 
 class ImageClassifier(L.LightningModule):
     """Transfer learning for image classification (configs/train.yaml explains each setting).
-
-    ``num_classes`` and ``class_names`` come from the data (the CLI links them). The input
-    settings (``image_size``, ``crop_ratio``, ``interpolation``, ``mean``, ``std``; null: the
-    pretrained weights' own) are the one source the data module, the checkpoint, export,
-    predict and infer.py read. ``lr`` is the backbone's for ``base_batch_size`` images per step,
-    scaled to the global batch by ``lr_scaling``; the head's is ``head_lr_mult`` times it.
-    """
+    Classes come from the data (the CLI links them). The input settings (``image_size`` ...
+    ``std``; null: the weights' own) are what the data module, export and predict read. ``lr`` is
+    the backbone's for ``base_batch_size`` images, scaled by ``lr_scaling``; the head's x ``head_lr_mult``."""
 
     def __init__(
         self,
@@ -68,8 +59,8 @@ class ImageClassifier(L.LightningModule):
         compile: bool = False,
     ) -> None:
         super().__init__()
-        require(lr >= 0, "model.lr", "must be 0 or more", lr)
-        require(head_lr_mult > 0, "model.head_lr_mult", "must be above 0", head_lr_mult)
+        require(lr >= 0 and head_lr_mult > 0, "model.lr/head_lr_mult", "must be >= 0 and > 0",
+                (lr, head_lr_mult))
         require(base_batch_size >= 1, "model.base_batch_size", "must be 1 or more", base_batch_size)
         require(0 <= label_smoothing < 1, "model.label_smoothing", "must be in [0, 1)", label_smoothing)
         require(min(mixup_alpha, cutmix_alpha) >= 0, "model.mixup_alpha/cutmix_alpha", "must be 0 or more",
@@ -99,14 +90,13 @@ class ImageClassifier(L.LightningModule):
         self.pretrained, self.weights_note = built.pretrained, built.weights_note
         self.lr = lr  # the LR finder reads and writes this attribute
         self.mixing = batch_mixing(num_classes, mixup_alpha, cutmix_alpha)
-        # Loss weights live in the checkpoint, so evaluate's test/loss uses the training loss.
-        self.register_buffer("class_weight", torch.ones(num_classes))
-        # Temperature scaling (`python -m project calibrate`): probabilities = softmax(logits / T).
-        self.register_buffer("temperature", torch.ones(()))
+        self.register_buffer("class_weight", torch.ones(num_classes))  # in the checkpoint, for evaluate
+        self.register_buffer("temperature", torch.ones(()))  # fitted by `python -m project calibrate`
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_metrics = StageMetrics("val", self.class_names)
         self.test_metrics = StageMetrics("test", self.class_names)
-        self.val_acc_best = BestSoFar()
+        self.val_acc_best = MaxMetric()
+        self.val_acc_best.persistent(True)  # in checkpoints: a resumed run keeps its best so far
         self.results: dict[str, dict[str, torch.Tensor]] = {}  # last computed, for callbacks
         if channels_last:
             self.net = self.net.to(memory_format=torch.channels_last)
@@ -118,16 +108,8 @@ class ImageClassifier(L.LightningModule):
             x = x.contiguous(memory_format=torch.channels_last)
         return self.net(x)
 
-    def probabilities(self, x: torch.Tensor) -> torch.Tensor:
-        return calibrated_probabilities(self(x), self.temperature)
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
-        # checkpoints from before temperature scaling: T = 1, as they were used
-        state_dict.setdefault(prefix + "temperature", torch.ones(()))
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
     def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy with the class weights and label smoothing: for training and eval."""
+        """Cross-entropy with the class weights and label smoothing (training and evaluation)."""
         weight = self.class_weight if self.hparams.class_weights is not None else None
         return nn.functional.cross_entropy(logits, target, weight=weight,
                                            label_smoothing=self.hparams.label_smoothing)
@@ -187,9 +169,7 @@ class ImageClassifier(L.LightningModule):
 
     # -- optimisation --------------------------------------------------------------------
     @property
-    def head_lr_mult(self) -> float:
-        """Only a pretrained body needs protecting from a large LR; from random weights every
-        layer is new and all learn at the same rate."""
+    def head_lr_mult(self) -> float:  # from random weights every layer is new: one LR for all
         return self.hparams.head_lr_mult if self.pretrained else 1.0
 
     def run_lr(self) -> tuple[float, int]:
@@ -225,8 +205,7 @@ class ImageClassifier(L.LightningModule):
 
 
 def calibrated_probabilities(logits: torch.Tensor, temperature: torch.Tensor | float = 1.0) -> torch.Tensor:
-    """``softmax(logits / T)``: the probabilities every command reports (T from `calibrate`;
-    ``project.common.predictions.softmax`` is the NumPy twin for torch-free inference)."""
+    """``softmax(logits / T)``, as every command reports it (``common.predictions.softmax``: NumPy)."""
     return (logits.float() / temperature).softmax(-1)
 
 
@@ -248,5 +227,5 @@ class _Shared:
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)
 
-    def __deepcopy__(self, memo: dict) -> _Shared:
+    def __deepcopy__(self, memo: dict) -> "_Shared":
         return self

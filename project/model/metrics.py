@@ -1,20 +1,11 @@
-"""What each stage logs, in one place: loss, accuracy, macro F1, per-class P/R/F1, confusion.
-
-Accuracy alone hides a model that only learned the majority classes; per-class recall and the
-confusion matrix show it at once. torchmetrics keeps the counts and syncs them under DDP; the
-LightningModule only updates and logs them. To log another number, add it to
-:func:`overview_metrics`: the run summary and TensorBoard's HPARAMS columns follow that list.
-
-Logged names: ``<stage>/loss``, ``<stage>/<overview metric>`` (``acc``, ``macro_acc``,
-``macro_f1``), ``<stage>/per_class/{precision,recall,f1}/<class>``; for validation also
-``val/acc_best``. (``project/callbacks/dashboards.py`` says why they sort this way.)
+"""What each stage logs, in one place: loss, accuracy, macro F1, per-class P/R/F1, confusion
+(accuracy alone hides a model that only learned the majority classes). To log another number,
+add it to :func:`overview_metrics`: the run summary and HPARAMS columns follow.
 """
-
-from __future__ import annotations
 
 import torch
 from torch import nn
-from torchmetrics import ClasswiseWrapper, MaxMetric, MeanMetric, MetricCollection
+from torchmetrics import ClasswiseWrapper, MeanMetric, MetricCollection
 from torchmetrics.classification import (
     MulticlassAccuracy,
     MulticlassConfusionMatrix,
@@ -37,15 +28,13 @@ def overview_metrics(num_classes: int) -> dict[str, nn.Module]:
     }
 
 
-def summary_metrics() -> list[str]:
+def summary_metrics(num_classes: int) -> list[str]:
     """What the run summary prints and TensorBoard's HPARAMS table compares across runs."""
-    return ["val/acc_best", *(f"val/{k}" for k in overview_metrics(2)), "val/loss"]
+    return ["val/acc_best", *(f"val/{k}" for k in overview_metrics(num_classes)), "val/loss"]
 
 
 class StageMetrics(nn.Module):
-    """Everything one evaluation stage (val or test) measures, updated per batch. ``loss`` is
-    the training criterion (class weights and label smoothing included), so it compares with
-    ``train/loss``."""
+    """Everything one stage (val or test) measures; ``loss`` is the training criterion."""
 
     def __init__(self, stage: str, class_names: list[str]) -> None:
         super().__init__()
@@ -64,19 +53,10 @@ class StageMetrics(nn.Module):
         self.loss.update(loss, len(target))
 
     def compute(self) -> dict[str, torch.Tensor]:
-        """Every value (synced across DDP ranks; a collective: every rank calls it), the
-        confusion matrix under ``<stage>/confusion``; then the counts restart."""
+        """Every value, synced across ranks (every rank calls it), then reset."""
         values = dict(self.scalars.compute())
         values[f"{self.stage}/loss"] = self.loss.compute()
         values[f"{self.stage}/confusion"] = self.confusion.compute()
         for metric in (self.scalars, self.loss, self.confusion):
             metric.reset()
         return values
-
-
-class BestSoFar(MaxMetric):
-    """``val/acc_best``: saved in checkpoints, so a resumed run keeps its best-so-far."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.persistent(True)

@@ -1,12 +1,6 @@
-"""Parameter groups, made once: backbone and head, each with and without weight decay.
-
-Weight decay pulls weights towards zero; on norm scales, biases and other 1-D parameters that
-only hurts (timm's ``param_groups_weight_decay`` does the same). The head learns
-``head_lr_mult`` times faster than the pretrained body. Every parameter is in a group from the
-start, frozen or not, so freezing and unfreezing never add groups mid-run.
-"""
-
-from __future__ import annotations
+"""Parameter groups: backbone and head, each with and without weight decay (decay on norms and
+biases only hurts; timm's ``param_groups_weight_decay`` does the same). Every parameter is in a
+group from the start, frozen or not, so unfreezing never adds groups mid-run."""
 
 from torch import nn
 
@@ -18,13 +12,9 @@ def no_decay(name: str, param: nn.Parameter) -> bool:
 
 def make_param_groups(net: nn.Module, head_name: str, lr: float, head_lr_mult: float,
                       layer_decay: float | None = None) -> list[dict]:
-    """Named groups ``backbone``, ``backbone_no_decay``, ``head``, ``head_no_decay``.
-
-    Decayed groups take the optimiser's own ``weight_decay``; the others set it to 0. With
-    ``layer_decay`` (timm's layer-wise LR decay) the backbone is split by block
-    (``backbone.layer3``, ...): the last block learns at ``lr``, each earlier one ``layer_decay``
-    times slower. Empty groups are left out.
-    """
+    """Groups ``backbone``, ``head`` and their ``_no_decay`` twins (weight decay 0); the head's
+    LR is ``head_lr_mult`` x ``lr``. With ``layer_decay`` (timm's) the backbone splits by block
+    (``backbone.layer3``, ...), each ``layer_decay`` times slower than the next."""
     scale_of = None
     if layer_decay is not None:
         from project.model.layer_decay import block_scales

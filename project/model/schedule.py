@@ -1,14 +1,9 @@
 """The learning-rate schedule in one place: warmup + cosine per step, run lengths, batch scaling.
 
-``model.scheduler`` is any ``torch.optim.lr_scheduler`` class, stepped after every optimizer
-step. The run's lengths are unknown in ``configure_optimizers`` (asking there makes Lightning
-build the train loader before a resumed run has restored its epoch), so
-:class:`DeferredScheduler` builds the configured scheduler when training starts, filling in the
-lengths it leaves unset (``total_steps``, ``steps_per_epoch``, ``epochs``). A resume restores
-the scheduler's state and the optimizer's LRs and momenta exactly.
+``model.scheduler`` is any ``torch.optim.lr_scheduler`` class, stepped every optimizer step.
+Asking for the run's lengths in ``configure_optimizers`` would build the train loader before a
+resume restores its epoch, so :class:`DeferredScheduler` builds it when training starts.
 """
-
-from __future__ import annotations
 
 import functools
 import inspect
@@ -29,8 +24,7 @@ LENGTHS = ("total_steps", "steps_per_epoch", "epochs")
 
 
 def scaled_lr(lr: float, global_batch: int, base_batch: int, rule: LrScaling) -> float:
-    """``lr`` tuned for ``base_batch``, adapted to ``global_batch``: linear (Goyal et al., for
-    SGD), sqrt (Adam-style) or none. Unscaled, more GPUs often train worse than one."""
+    """``lr`` tuned for ``base_batch``, for ``global_batch``: linear (SGD), sqrt (Adam) or none."""
     require(rule in ("none", "linear", "sqrt"), "model.lr_scaling", "must be none, linear or sqrt", rule)
     ratio = global_batch / base_batch
     return lr * {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[rule]
@@ -56,8 +50,7 @@ def warmup_cosine(warmup_steps: int, total_steps: int, start_factor: float,
 
 class WarmupCosine(LambdaLR):
     """Linear warmup over ``warmup_epochs`` from ``warmup_start_factor`` x each group's LR, then
-    cosine to ``end_factor`` x it. The warmup takes at most ``max_warmup_share`` of the run (a
-    3-epoch warmup must not eat a 3-epoch run), with a notice when it is clipped."""
+    cosine to ``end_factor`` x it; the warmup is clipped to ``max_warmup_share`` of the run."""
 
     def __init__(self, optimizer: Optimizer, warmup_epochs: float = 3.0, warmup_start_factor: float = 0.01,
                  end_factor: float = 0.0, max_warmup_share: float = 0.2, total_steps: int | None = None,
@@ -90,8 +83,7 @@ def run_lengths(trainer: L.Trainer) -> dict[str, int]:
 
 
 def unset_lengths(factory: Callable) -> list[str]:
-    """The run lengths ``factory`` takes and leaves unset: a class's parameters defaulting to
-    None, or the None values bound in a ``functools.partial`` (what jsonargparse gives)."""
+    """The run lengths ``factory`` (a class, or jsonargparse's ``partial``) takes and leaves None."""
     if isinstance(factory, functools.partial):
         return [k for k in LENGTHS if k in factory.keywords and factory.keywords[k] is None]
     if inspect.isclass(factory):
@@ -101,10 +93,10 @@ def unset_lengths(factory: Callable) -> list[str]:
 
 
 class DeferredScheduler(LRScheduler):
-    """Stands in for the configured scheduler until :meth:`build` knows the run's lengths."""
+    """Stands in for the configured scheduler until :meth:`build` knows the run's lengths (no
+    ``LRScheduler.__init__``: it would take a first step and change the LRs)."""
 
     def __init__(self, optimizer: Optimizer, factory: Callable[..., LRScheduler]) -> None:
-        # LRScheduler.__init__ is not called: it would take a first step and change the LRs.
         self.optimizer, self.factory = optimizer, factory
         self.inner: LRScheduler | None = None
         self.pending: dict | None = None  # a checkpoint's state, until build

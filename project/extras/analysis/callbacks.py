@@ -1,6 +1,6 @@
 """The analysis preset's callbacks (``configs/presets/analysis.yaml``): temperature scaling
-after fit, and the validation set's top losses, reliability diagram and PR curves in
-TensorBoard."""
+after fit; sample grids, and the validation set's top losses, reliability diagram and PR curves
+in TensorBoard."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ import logging
 from pathlib import Path
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
 
 from project.callbacks.dashboards import tensorboard
 from project.callbacks.summary import monitored_checkpoint
 from project.extras.analysis.calibration import calibrate_checkpoint, format_numbers
-from project.extras.analysis.plots import reliability_figure
+from project.extras.analysis.plots import denormalise, grid_figure, reliability_figure
 from project.extras.analysis.predictions import predict_dataset
 from project.extras.analysis.rows import sample_rows, top_losses_figure
 from project.model.classifier import calibrated_probabilities
@@ -48,11 +49,34 @@ class TemperatureScaling(Callback):
 
 
 class AnalysisDashboards(Callback):
-    """At the end of fit, from one pass over the validation set with the final weights: the
-    ``top_losses`` highest-loss images, the reliability diagram and a PR curve per class."""
+    """At the start of fit, grids of ``num_samples`` augmented training images (what the model
+    really sees) and validation images (``views/``). At the end, from one pass over the
+    validation set with the final weights: the ``top_losses`` highest-loss images, the
+    reliability diagram and a PR curve per class."""
 
-    def __init__(self, top_losses: int = 24) -> None:
-        self.top_losses = top_losses
+    def __init__(self, top_losses: int = 24, num_samples: int = 32) -> None:
+        self.top_losses, self.num_samples = top_losses, num_samples
+    @rank_zero_only
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        writer, dm = tensorboard(trainer), trainer.datamodule
+        if writer is None or dm is None or trainer.global_step > 0:
+            return
+        pre = pl_module.preprocessing
+        for split, title in (("train", "training images, augmented"), ("val", "validation images")):
+            dataset = getattr(dm, "datasets", {}).get(split)
+            if dataset is None or not hasattr(dataset, "__len__"):
+                continue
+            items = []
+            for i in range(min(self.num_samples, len(dataset))):
+                index = (i * len(dataset)) // self.num_samples  # spread over the classes
+                item = dataset[(index, i)] if split == "train" else dataset[index]
+                if item is not None:
+                    items.append(item)
+            if items:
+                images = denormalise(torch.stack([x for x, _ in items]), pre.mean, pre.std)
+                labels = [pl_module.class_names[y] for _, y in items]
+                writer.add_figure(f"views/{split}_samples", grid_figure(images, labels, title), 0)
+
 
     @rank_zero_only
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

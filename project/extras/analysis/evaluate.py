@@ -10,6 +10,7 @@ predict's and export's from then on, are calibrated.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from project.checkpoints import read_checkpoint
@@ -31,7 +32,8 @@ def main(argv: list[str]) -> int:
     run = ckpt.parent.parent
     if a.tta == "hflip":
         check_mirror_tta(read_checkpoint(ckpt, mmap=True).get("datamodule_hyper_parameters") or {})
-    ensure_temperature(ckpt)
+    if int(os.environ.get("RANK", 0)) == 0:  # under torchrun every rank runs this command
+        ensure_temperature(ckpt)
     cli = ProjectCLI(args=["test", "--config", str(run_config(run)), f"--ckpt_path={ckpt}",
                            "--verbose=false", *overrides], run_dir=run)
     if not cli.trainer.is_global_zero:

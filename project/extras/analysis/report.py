@@ -29,7 +29,8 @@ def per_class_table(values: dict[str, torch.Tensor], stage: str, class_names: li
     """Per-class precision, recall, F1 (the logged values), average precision, support, and the
     macro and support-weighted averages."""
     support = values[f"{stage}/confusion"].detach().cpu().sum(1).double()
-    cols = {k: torch.stack([values[f"{stage}/per_class/{k}/{c}"].detach().cpu().double() for c in class_names])
+    cols = {k: torch.stack([values[f"{stage}/per_class/{k}/{c}"].detach().cpu().double()
+                            for c in class_names])
             for k in PER_CLASS}
     if ap is not None:
         cols["ap"] = torch.tensor([ap[c] for c in class_names], dtype=torch.float64)
@@ -85,7 +86,8 @@ def write_report(result: dict, class_names: list[str], checkpoint: str, out_dir:
     if "mirrored" in samples:  # test-time augmentation: the mean probabilities of each image and its mirror
         tta = (probs + calibrated_probabilities(samples["mirrored"], temperature)) / 2
         n = len(class_names)
-        report["tta"] = {"policy": "hflip", "accuracy": float(multiclass_accuracy(tta, target, n, average="micro")),
+        report["tta"] = {"policy": "hflip",
+                         "accuracy": float(multiclass_accuracy(tta, target, n, average="micro")),
                          "macro_f1": float(multiclass_f1_score(tta, target, n, average="macro"))}
     write_mistakes_csv(rows, out_dir / "mistakes.csv")
     save(confusion_figure(confusion, class_names, "test confusion matrix"), out_dir / "confusion_matrix.png")
@@ -102,7 +104,8 @@ def write_report(result: dict, class_names: list[str], checkpoint: str, out_dir:
     if pairs:
         print("\nMost confused (true -> predicted): " + ", ".join(
             f"{p['true']} -> {p['predicted']} ({p['count']})" for p in pairs))
-    print(f"\nCalibration: ECE {calibration['ece_before']:.4f} (raw softmax) -> {calibration['ece_after']:.4f} "
+    print(f"\nCalibration: ECE {calibration['ece_before']:.4f} (raw softmax) -> "
+          f"{calibration['ece_after']:.4f} "
           f"(temperature {calibration['temperature']:.4f})")
     if "tta" in report:
         print(tta_line(report))
@@ -119,10 +122,12 @@ def tta_line(report: dict) -> str:
 def format_markdown(report: dict, pairs: list[dict], files: set[str]) -> str:
     """report.md, in reading order; each picture referenced by its file name (they sit beside)."""
     cal = report["calibration"]
-    lines = [f"# Test report\n\nCheckpoint: `{report['checkpoint']}`\n", "## Summary", "", "| | |", "|---|---|",
+    lines = [f"# Test report\n\nCheckpoint: `{report['checkpoint']}`\n", "## Summary", "", "| | |",
+             "|---|---|",
              f"| images | {report['images']} |", f"| accuracy | **{report['accuracy']:.4f}** |",
              f"| balanced accuracy (macro recall) | {report['macro_acc']:.4f} |",
-             f"| macro F1 | {report['macro_f1']:.4f} |", f"| mean average precision | {report['ap_macro']:.4f} |"]
+             f"| macro F1 | {report['macro_f1']:.4f} |",
+             f"| mean average precision | {report['ap_macro']:.4f} |"]
     if report.get("auroc") is not None:
         lines.append(f"| AUROC | {report['auroc']:.4f} |")
     lines += [f"| NLL | {report['nll']:.4f} |", f"| ECE | {cal['ece_after']:.4f} (temperature "

@@ -12,9 +12,8 @@ from pathlib import Path
 import torch
 from matplotlib.figure import Figure
 
-from project.callbacks.dashboards import grid_figure
 from project.common.files import atomic_path
-from project.data.transforms import denormalise
+from project.extras.analysis.plots import denormalise, grid_figure
 from project.model.classifier import calibrated_probabilities
 
 MISTAKE_FIELDS = ["path", "true", "predicted", "probability", "loss", "runner_up",

@@ -29,13 +29,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from project.callbacks.dashboards import grid_figure
 from project.common.files import atomic_path
 from project.data.folders import FolderSplits, Sample
 from project.data.splits import stratified_folds
-from project.data.transforms import denormalise
 from project.errors import ConfigError
-from project.extras.analysis.plots import save
+from project.extras.analysis.plots import denormalise, grid_figure, save
 from project.extras.analysis.predictions import predict_dataset
 from project.model.classifier import calibrated_probabilities
 

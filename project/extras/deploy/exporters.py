@@ -16,7 +16,7 @@ from torch import nn
 
 from project.common.files import atomic_path
 from project.errors import ProjectError
-from project.extras.deploy.infer import ort_session
+from project.extras.deploy.infer import ort_session, to_metadata
 
 PARITY_BATCHES = (1, 3, 8)
 ONNX_OPSET = 18
@@ -51,7 +51,7 @@ def onnx_metadata(model) -> dict[str, str]:
     """What a deployment needs to preprocess and name the outputs, stored in the file."""
     return {
         "class_names": json.dumps(model.class_names),
-        **model.preprocessing.metadata(),
+        **to_metadata(model.preprocessing),
         "backbone": model.hparams.backbone,
         # temperature scaling (python -m project calibrate): 1 when not fitted
         "temperature": repr(float(getattr(model, "temperature", 1.0))),

@@ -2,7 +2,9 @@
 
     python -m project.extras.deploy.infer exports/demo/version_0/model.onnx DIR_OR_FILE --output preds.csv
 
-For deployment, copy this file, ``project/common/``, ``project/errors.py`` and the .onnx file;
+For deployment, copy this file, ``project/common/``, ``project/errors.py``, the import-free
+``__init__.py`` files of ``project/``, ``project/extras/`` and ``project/extras/deploy/``, and the
+.onnx file;
 the preprocessing (input size, crop ratio, interpolation, mean and std), the class names and the
 temperature are read from the model's metadata. Probabilities are ``softmax(logits /
 temperature)``, as ``predict`` gives them, and the CSV has ``predict``'s columns.
@@ -28,6 +30,19 @@ RESAMPLING = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling
               "nearest": Image.Resampling.NEAREST}
 
 
+def to_metadata(pre: Preprocessing) -> dict[str, str]:
+    """The preprocessing as strings, for an ONNX file's metadata (:func:`from_metadata` reads it)."""
+    return {"image_size": str(pre.image_size), "crop_ratio": repr(pre.crop_ratio),
+            "interpolation": pre.interpolation, "mean": json.dumps(list(pre.mean)),
+            "std": json.dumps(list(pre.std))}
+
+
+def from_metadata(meta: dict[str, str]) -> Preprocessing:
+    return Preprocessing(int(meta["image_size"]), float(meta["crop_ratio"]),
+                         meta.get("interpolation", "bilinear"), tuple(json.loads(meta["mean"])),
+                         tuple(json.loads(meta["std"])))
+
+
 def ort_session(path: str | Path, threads: int | None = None) -> ort.InferenceSession:
     """An ONNX Runtime session on the CPU (``threads``: intra-op threads, None: its default)."""
     options = ort.SessionOptions()
@@ -45,7 +60,7 @@ class OnnxClassifier:
             raise ValueError(f"{model_path} lacks metadata {sorted(missing)}: export it with "
                              "`python -m project export`")
         self.class_names: list[str] = json.loads(meta["class_names"])
-        self.preprocessing = Preprocessing.from_metadata(meta)
+        self.preprocessing = from_metadata(meta)
         self.temperature = float(meta.get("temperature", 1.0))  # 1: exported before calibration
         if not self.temperature > 0:
             raise ValueError(f"{model_path}: metadata temperature must be above 0, got "

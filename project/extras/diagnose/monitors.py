@@ -102,7 +102,7 @@ class DataWaitMonitor(Callback):
                 "WARNING: %.0f%% of training time was spent waiting for data (threshold %.0f%%). "
                 "The loader is the bottleneck: raise data.num_workers (now %s), set "
                 "data.pin_memory=true on GPU, use data.cache=memory for small data sets, or "
-                "lighten the augmentation (data.auto_augment=none).",
+                "lighten the augmentation (data.augmentation.auto_augment=none).",
                 100 * fraction, 100 * self.threshold, workers)
 
 
@@ -127,7 +127,8 @@ class OverfitHint(Callback):
             self.hinted = True
             hint = (f"train/acc exceeds val/acc by {gap:.2f} (> {self.margin}) for {self.streak} "
                     "epochs: the model is overfitting. Try more data or stronger augmentation "
-                    "(data.crop_scale, data.auto_augment, model.mixup_alpha), regularisation "
+                    "(data.augmentation.crop_scale, data.augmentation.auto_augment, "
+                    "model.mixup_alpha), regularisation "
                     "(model.optimizer.init_args.weight_decay, model.label_smoothing), or fewer "
                     "epochs; and make sure evaluation runs in eval mode (Lightning does this for "
                     "validation_step).")

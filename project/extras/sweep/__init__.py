@@ -1,4 +1,4 @@
-"""Hyperparameter sweeps on Optuna: ``python -m project sweep`` (README "Sweeps").
+"""Hyperparameter sweeps on Optuna: ``python -m project sweep`` (docs/sweeps.md).
 
 space.py    the YAML search space: parse, check against the training config, sample
 study.py    the study and its storage (SQLite beside the runs, or a database URL), pruners

@@ -1,4 +1,4 @@
-"""``python -m project sweep``: search training settings with Optuna (README "Sweeps").
+"""``python -m project sweep``: search training settings with Optuna (docs/sweeps.md).
 
     python -m project sweep --config configs/train.yaml --sweep configs/sweep.yaml \\
         [--n_trials 20] [--timeout S] [--study NAME] [--storage URL] [--seeds K] [--key=value ...]

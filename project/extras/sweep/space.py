@@ -2,9 +2,9 @@
 
     model.lr: {log_uniform: [1.0e-4, 1.0e-1]}
     model.head_lr_mult: {choice: [1.0, 10.0]}
-    model.warmup_epochs: {int: [0, 3]}
-    data.color_jitter: {uniform: [0.0, 0.4], step: 0.1}
-    data.crop_scale: {choice: [[0.6, 1.0], [0.35, 1.0]]}
+    model.scheduler.init_args.warmup_epochs: {int: [0, 3]}
+    data.augmentation.color_jitter: {uniform: [0.0, 0.4], step: 0.1}
+    data.augmentation.crop_scale: {choice: [[0.6, 1.0], [0.35, 1.0]]}
 
 Keys are the dotted names of ``fit``'s settings (``--print_config`` lists them); every key is
 checked against the real config parser before any trial runs, so a typo fails at once.
