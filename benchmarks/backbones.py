@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from project.deploy.exporters import export_onnx, ort_session
+from project.extras.deploy.exporters import export_onnx
+from project.extras.deploy.infer import ort_session
 from project.model import ImageClassifier
 
 NAMES = ["resnet18", "timm/resnet18.a1_in1k", "timm/mobilenetv3_small_100.lamb_in1k",

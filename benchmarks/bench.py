@@ -2,13 +2,16 @@
 
     python -m benchmarks.bench [--quick] [--data DIR] [--ckpt CKPT]     (make bench)
 
-1. Training overhead: images/s of the template's fit vs a minimal plain-PyTorch loop (same
-   model, data, transforms, batch, precision, workers and steps), start-up excluded.
+1. Training overhead: images/s of the template's fit (the callbacks of configs/train.yaml but
+   checkpoints, with EMA and without it) vs a minimal plain-PyTorch loop (same model, data,
+   transforms, batch, precision, workers and steps), start-up excluded; the EMA's own cost.
 2. Data pipeline: decoded + augmented images/s by num_workers, with and without the cache,
    and streamed from LitData shards (``optimize-data``) at two chunk sizes, next to the
    model's training-step rate: which side is the bottleneck.
-3. Start-up: seconds from the command to the first training step.
-4. Inference: PyTorch eager vs ONNX Runtime FP32 vs INT8, from the export report.
+3. Precision: the model step in float32 and under bf16 autocast on this CPU (what the CLI's
+   ``16-mixed`` rule chooses between).
+4. Start-up: seconds from the command to the first training step.
+5. Inference: PyTorch eager vs ONNX Runtime FP32 vs INT8, from the export report.
 """
 
 from __future__ import annotations
@@ -27,15 +30,19 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, LearningRateMonitor
-from lightning.pytorch.loggers import TensorBoardLogger
 
 from project.callbacks import default_callbacks
-from project.callbacks.monitors import DataWaitMonitor, GradNormLogger
+from project.callbacks.dashboards import Dashboards, LearningRate, TensorBoard
+from project.callbacks.ema import EMA
+from project.cli import cpu_has_bfloat16
+from project.common.preprocessing import Preprocessing
 from project.data import FolderDataModule
 from project.data.demo import make_demo
-from project.data.optimize import run as optimize
+from project.extras.streaming.optimize import run as optimize
 from project.model import ImageClassifier
+
+# what the CLI runs on this CPU: bf16 autocast where the CPU has bfloat16, else float32
+BF16 = cpu_has_bfloat16()
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,12 +57,13 @@ def table(headers: list[str], rows: list[list]) -> str:
 
 
 def datamodule(data: Path, size: int, batch: int, workers: int, cache: str) -> FolderDataModule:
-    dm = FolderDataModule(str(data), image_size=size, batch_size=batch, num_workers=workers, cache=cache)
+    dm = FolderDataModule(str(data), batch_size=batch, num_workers=workers, cache=cache)
+    dm.model_preprocessing = Preprocessing(size)
     dm.setup("fit")
     return dm
 
 
-class _StepTimer(Callback):
+class _StepTimer(L.Callback):
     """Wall time from the end of step ``warmup`` to the end of the last step."""
 
     def __init__(self, warmup: int) -> None:
@@ -67,21 +75,23 @@ class _StepTimer(Callback):
         self.end = time.perf_counter()
 
 
-def template_rate(data: Path, size: int, batch: int, workers: int, steps: int, warmup: int) -> float:
-    """Images/s of the template's training path (its callbacks, logger, schedule, guards)."""
+def template_rate(data: Path, size: int, batch: int, workers: int, steps: int, warmup: int,
+                  ema: bool = True) -> float:
+    """Images/s of the template's training path: the callbacks of configs/train.yaml (but the
+    checkpoints), its logger, schedule and guards."""
     torch.manual_seed(0)
-    dm = FolderDataModule(data, image_size=size, batch_size=batch, num_workers=workers)
+    dm = FolderDataModule(data, batch_size=batch, num_workers=workers)
     model = ImageClassifier(weights=None, num_classes=dm.num_classes, class_names=dm.class_names,
                             image_size=size)
-    timer = _StepTimer(warmup)
-    callbacks = [*default_callbacks(), GradNormLogger(), DataWaitMonitor(),
-                 LearningRateMonitor("step"), timer]
+    timer = _StepTimer(warmup)  # last: the EMA update of a step is inside its time
+    callbacks = [*([EMA()] if ema else []), *default_callbacks(), LearningRate(), Dashboards(), timer]
     with tempfile.TemporaryDirectory() as logs:
-        trainer = L.Trainer(max_steps=warmup + steps, max_epochs=-1, precision="bf16-mixed",
-                            accelerator="cpu", devices=1, limit_val_batches=0,
+        trainer = L.Trainer(max_steps=warmup + steps, max_epochs=-1,
+                            precision="bf16-mixed" if BF16 else "32-true", accelerator="cpu",
+                            devices=1, limit_val_batches=0,
                             enable_checkpointing=False, enable_progress_bar=False,
                             enable_model_summary=False, callbacks=callbacks,
-                            logger=TensorBoardLogger(logs), log_every_n_steps=10)
+                            logger=TensorBoard(logs), log_every_n_steps=10)
         trainer.fit(model, dm)
     return steps * batch / (timer.end - timer.start)
 
@@ -98,7 +108,7 @@ def plain_rate(data: Path, size: int, batch: int, workers: int, steps: int, warm
         loader = dm.train_dataloader()
         loader.sampler.set_epoch(epoch)
         for x, y in loader:
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=BF16):
                 loss = torch.nn.functional.cross_entropy(model(x), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -144,15 +154,20 @@ def optimized_copies(data: Path, tmp: Path, chunk_sizes: tuple[str, ...]) -> tup
 
 
 def model_step_rate(num_classes: int, size: int, batch: int, steps: int) -> float:
-    """Images/s of forward + backward + step on random tensors: no data loading at all."""
+    """Images/s of the template's network on random tensors: no data loading at all."""
     torch.manual_seed(0)
     net = ImageClassifier(weights=None, num_classes=num_classes, image_size=size).net
-    opt = torch.optim.SGD(net.parameters(), lr=1e-4, momentum=0.9)
+    return step_rate(net, num_classes, size, batch, steps, BF16)
+
+
+def step_rate(net: torch.nn.Module, num_classes: int, size: int, batch: int, steps: int, bf16: bool) -> float:
+    """Images/s of forward + backward + SGD step on one random batch, after two warm-up steps."""
+    opt = torch.optim.SGD(net.train().parameters(), lr=1e-4, momentum=0.9)
     x, y = torch.randn(batch, 3, size, size), torch.randint(0, num_classes, (batch,))
     for i in range(steps + 2):
         if i == 2:
             start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss = torch.nn.functional.cross_entropy(net(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -166,7 +181,7 @@ def startup_seconds(data: Path, size: int) -> float:
         start = time.perf_counter()
         proc = subprocess.Popen(
             [sys.executable, "-m", "project", "fit", "--config", str(REPO / "configs/train.yaml"),
-             f"--data.data_dir={data}", f"--data.image_size={size}", "--model.weights=null",
+             f"--data.data_dir={data}", f"--model.image_size={size}", "--model.weights=null",
              "--trainer.max_steps=1", "--trainer.enable_progress_bar=false"],
             cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -213,23 +228,40 @@ def main(argv: list[str] | None = None) -> int:
     threads = torch.get_num_threads()
     print(f"# Benchmarks\n\nMachine: {platform.machine()} {platform.processor() or ''}, "
           f"{os.cpu_count()} CPUs, torch {torch.__version__} with {threads} threads; "
-          f"data {data}, {size} px, batch {batch}, bf16 autocast.\n")
+          f"data {data}, {size} px, batch {batch}, {'bf16 autocast' if BF16 else 'float32'}.\n")
 
     workers = FolderDataModule(data).workers()  # the automatic choice on this (CPU) machine
-    templates, plains = [], []
-    for _ in range(repeats):  # interleaved pairs: a shared 2-core machine drifts by +-10 %
+    rates: dict[str, list[float]] = {"plain": [], "template": [], "no_ema": []}
+    for _ in range(repeats):  # interleaved: a shared 2-core machine drifts by +-10 %
         with contextlib.redirect_stdout(io.StringIO()):
-            templates.append(template_rate(data, size, batch, workers, steps, warmup))
-        plains.append(plain_rate(data, size, batch, workers, steps, warmup))
-    ratio = statistics.median(t / p for t, p in zip(templates, plains, strict=True))
+            rates["template"].append(template_rate(data, size, batch, workers, steps, warmup))
+            rates["no_ema"].append(template_rate(data, size, batch, workers, steps, warmup, ema=False))
+        rates["plain"].append(plain_rate(data, size, batch, workers, steps, warmup))
+
+    def ratio(name: str) -> float:
+        return statistics.median(t / p for t, p in zip(rates[name], rates["plain"], strict=True))
+
+    pairs = zip(rates["template"], rates["no_ema"], strict=True)
+    ema_ms = statistics.median(1000 * batch * (1 / t - 1 / n) for t, n in pairs)
     print(f"## Training overhead ({steps} steps after {warmup} warm-up, num_workers={workers}, "
-          f"median of {repeats} interleaved pairs)\n")
+          f"median of {repeats} interleaved runs)\n")
     print(table(["loop", "images/s", "ratio to plain"],
-                [["plain PyTorch", statistics.median(plains), 1.0],
-                 ["template fit", statistics.median(templates), ratio]]))
+                [["plain PyTorch", statistics.median(rates["plain"]), 1.0],
+                 ["template fit (EMA on, as train.yaml)", statistics.median(rates["template"]),
+                  ratio("template")],
+                 ["template fit, EMA off", statistics.median(rates["no_ema"]), ratio("no_ema")]]))
+    print(f"\nThe EMA update costs {ema_ms:.2f} ms a step (median of the paired runs' difference).")
 
     print("\n## Data pipeline vs model\n")
     print(pipeline_table(data, tmp, size, batch, steps, loader_batches, (0,) if a.quick else (0, 1, 2)))
+
+    print("\n## Precision on this CPU (model step alone, 5 steps each)\n")
+    precision = {bf16: step_rate(ImageClassifier(weights=None, num_classes=10, image_size=size).net, 10,
+                                 size, batch, 2 if a.quick else 5, bf16) for bf16 in (False, True)}
+    print(table(["precision", "images/s", "ratio to float32"],
+                [["float32", precision[False], 1.0], ["bf16 autocast", precision[True],
+                                                      precision[True] / precision[False]]]))
+    print(f"\n`16-mixed` runs as {'bf16 autocast' if BF16 else 'float32'} here (cpu_has_bfloat16).")
 
     print("\n## Start-up\n")
     print(table(["command", "seconds to first training step"],
@@ -241,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def inference_table(ckpt: str | None, data: Path, tmp: Path, quick: bool) -> str:
-    from project.deploy.export import export_checkpoint
+    from project.extras.deploy.export import export_checkpoint
     from project.runs import RunNotFoundError, resolve_checkpoint
 
     if quick and not ckpt:  # hermetic: never pick up a real run's checkpoint
@@ -264,7 +296,7 @@ def inference_table(ckpt: str | None, data: Path, tmp: Path, quick: bool) -> str
 
 
 def _quick_checkpoint(data: Path, tmp: Path) -> Path:
-    dm = FolderDataModule(data, image_size=32, batch_size=8, num_workers=0)
+    dm = FolderDataModule(data, batch_size=8, num_workers=0)
     model = ImageClassifier(weights=None, num_classes=dm.num_classes, class_names=dm.class_names,
                             image_size=32)
     trainer = L.Trainer(max_epochs=1, default_root_dir=tmp, logger=False, enable_progress_bar=False,

@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", nargs="*", default=[], help="presets stacked on both sets")
     p.add_argument("--sides", type=int, nargs="*", default=[], help="data.decode_side values to add")
     a = p.parse_args(argv)
+    from project.common.preprocessing import Preprocessing
     from project.data import FolderDataModule
 
     with tempfile.TemporaryDirectory(prefix="decode-") as tmp:
@@ -92,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
             make, size, presets = sets[name]
             presets = (*presets, *a.preset)
             data = make()
-            dm = FolderDataModule(data, image_size=size, **preset_data_settings(presets))
+            dm = FolderDataModule(data, **preset_data_settings(presets))
+            dm.model_preprocessing = Preprocessing(size)
             variants = {"full size": (FULL, []),
                         f"reduced to {dm.decode_side('train')} (default)": (("-m", "project"), []),
                         **{f"reduced to {n}": (("-m", "project"), [f"--data.decode_side={n}"])

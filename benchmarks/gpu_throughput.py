@@ -29,7 +29,7 @@ MODES = {  # name: (precision, channels_last, compile, strategy)
 def rate(data: str, size: int, batch: int, steps: int, warmup: int, mode: tuple) -> float:
     precision, channels_last, compile_, strategy = mode
     torch.manual_seed(0)
-    dm = FolderDataModule(data, image_size=size, batch_size=batch, num_workers=8)
+    dm = FolderDataModule(data, batch_size=batch, num_workers=8)
     model = ImageClassifier(weights=None, num_classes=dm.num_classes, class_names=dm.class_names,
                             image_size=size, channels_last=channels_last, compile=compile_)
     timer = _StepTimer(warmup)

@@ -6,7 +6,7 @@ Builds its own 12-MP JPEGs from a real photo (scikit-learn's bundled ``china.jpg
 4032x3024 with Gaussian noise, quality 92, two class folders) and prints Markdown tables:
 
 1. Decode: ms per image (median over the files) at full size and reduced to the training and
-   evaluation short sides (``decode_side``), and the bytes each takes in ``data.cache``.
+   evaluation short sides (``needed_side``), and the bytes each takes in ``data.cache``.
 2. Loader: images/s of the training loader (the real train transforms at 224 px, batch 16) by
    ``num_workers``, full vs reduced decode, with ``cache=none`` and ``cache=memory``.
 3. Model: resnet18 training-step images/s at 224 px, batch 16, on the same machine (no data):
@@ -35,11 +35,12 @@ import numpy as np
 import torch
 from PIL import Image
 
-from benchmarks.bench import table
+from benchmarks.bench import step_rate, table
 from project.common.pixels import read_rgb
+from project.common.preprocessing import Preprocessing
 from project.data import FolderDataModule
 from project.data.datasets import ImageDataset
-from project.data.images import ImageCache, decode_side, decoded_bytes
+from project.data.images import ImageCache, decoded_bytes, needed_side
 
 PHOTO_SIZE = (4032, 3024)  # a 12-MP phone camera
 NOISE_SIGMA = 4.0
@@ -99,10 +100,11 @@ def decode_table(paths: list[Path], sides: dict[str, int | None]) -> str:
 def train_loader(data: Path, workers: int, side: int | None, cache: ImageCache | None):
     """The FolderDataModule training loader with its real train transforms, every image decoded
     at ``side`` (None: full size, the behaviour before), from ``cache`` when there is one."""
-    dm = FolderDataModule(data, image_size=IMAGE_SIZE, batch_size=BATCH, num_workers=workers,
-                          cache="none", val_fraction=0, test_fraction=0)
+    dm = FolderDataModule(data, batch_size=BATCH, num_workers=workers, cache="none", val_fraction=0,
+                          test_fraction=0)
+    dm.model_preprocessing = Preprocessing(IMAGE_SIZE)
     # What datamodule.make_dataset does once it passes the side down (see the report).
-    dm.datasets["train"] = ImageDataset(dm.splits.train, dm.train_transform, cache, short_side=side)
+    dm.datasets["train"] = ImageDataset(dm.splits.train, dm.transform("train"), cache, short_side=side)
     return dm.train_dataloader()
 
 
@@ -129,19 +131,7 @@ def model_step_rate(steps: int, bf16: bool) -> float:
     from torchvision.models import resnet18
 
     torch.manual_seed(0)
-    net = resnet18(num_classes=2).train()
-    opt = torch.optim.SGD(net.parameters(), lr=1e-4, momentum=0.9)
-    x, y = torch.randn(BATCH, 3, IMAGE_SIZE, IMAGE_SIZE), torch.randint(0, 2, (BATCH,))
-    start = 0.0
-    for i in range(steps + 1):
-        if i == 1:  # one warm-up step
-            start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss = torch.nn.functional.cross_entropy(net(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    return steps * BATCH / (time.perf_counter() - start)
+    return step_rate(resnet18(num_classes=2), 2, IMAGE_SIZE, BATCH, steps, bf16)
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -153,7 +143,7 @@ def fit_wait(data: Path, workdir: Path, cache: str, epochs: int, batch: int = BA
 
     workdir.mkdir(parents=True)
     args = [sys.executable, "-m", "project", "fit", "--config", str(REPO / "configs/train.yaml"),
-            f"--data.data_dir={data}", f"--data.image_size={IMAGE_SIZE}", f"--data.batch_size={batch}",
+            f"--data.data_dir={data}", f"--model.image_size={IMAGE_SIZE}", f"--data.batch_size={batch}",
             f"--data.cache={cache}", "--model.weights=null", f"--trainer.max_epochs={epochs}",
             "--trainer.enable_progress_bar=false", "--trainer.log_every_n_steps=1"]
     start = time.perf_counter()
@@ -179,9 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     size = PHOTO_SIZE
     if a.quick:
         size, a.count, a.workers, a.batches, a.steps = (800, 600), 12, [0], 1, 1
-    dm = FolderDataModule(image_size=IMAGE_SIZE)
-    train_side = decode_side(dm.preprocessing, dm.augmentation.crop_scale)
-    eval_side = decode_side(dm.preprocessing)
+    dm = FolderDataModule()
+    dm.model_preprocessing = Preprocessing(IMAGE_SIZE)
+    train_side = needed_side(dm.preprocessing, dm.augmentation.crop_scale)
+    eval_side = needed_side(dm.preprocessing)
     print(f"# Camera photos\n\nMachine: {platform.machine()} {platform.processor() or ''}, "
           f"{os.cpu_count()} CPUs, torch {torch.__version__} with {torch.get_num_threads()} threads; "
           f"{a.count} JPEGs {size[0]}x{size[1]} (quality 92); {IMAGE_SIZE} px, batch {BATCH}; "
@@ -208,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                 cache, cached = None, "none"
                 if use_cache:
                     start = time.perf_counter()
-                    cache = ImageCache(files, short_side=side)
+                    cache = ImageCache.decode(files, short_side=side)
                     cached = (f"memory ({cache.buffer.numel() / 2**30:.2f} GiB, built in "
                               f"{time.perf_counter() - start:.1f} s)")
                 for workers in a.workers:
