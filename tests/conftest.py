@@ -1,0 +1,105 @@
+"""Shared fixtures: tiny generated data sets, an in-process command line, one trained run."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from project.cli import main
+from project.data.demo import make_demo
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN_CONFIG = REPO / "configs" / "train.yaml"
+CLASSES = ["checker", "circle", "cross", "dots", "square"]
+
+
+@pytest.fixture(autouse=True)
+def _no_downloads(tmp_path_factory, monkeypatch):
+    """An empty TORCH_HOME and HF_HOME, offline: nothing comes from a real cache or the network."""
+    home = tmp_path_factory.mktemp("torch_home")
+    monkeypatch.setenv("TORCH_HOME", str(home))
+    monkeypatch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf_home")))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return home
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> Path:
+    """5 classes, 8 train / 4 val / 4 test images each, 32 px."""
+    out = tmp_path_factory.mktemp("data") / "tiny"
+    return make_demo(out, train_per_class=8, val_per_class=4, test_per_class=4, image_size=32,
+                     num_classes=5, seed=1)
+
+
+# a fit of two batches an epoch: for tests of what a run does, not of what it learns
+QUICK = ("--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1")
+
+
+def fit_args(data: Path, *extra: str, epochs: int = 2) -> list[str]:
+    """A real but tiny run of the default config: small images, no pretrained download."""
+    return ["--config", str(TRAIN_CONFIG), f"--data.data_dir={data}", "--model.image_size=32",
+            "--data.batch_size=8", "--data.num_workers=0", "--model.weights=null",
+            f"--trainer.max_epochs={epochs}", "--trainer.enable_progress_bar=false",
+            "--trainer.enable_model_summary=false", "--trainer.log_every_n_steps=1", *extra]
+
+
+@contextlib.contextmanager
+def chdir(path: Path):
+    before = Path.cwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def cli(args: list[str], cwd: Path) -> int:
+    """``python -m project ARGS`` in this process (what the command line runs, without the
+    start-up of a new interpreter); the exit status."""
+    with chdir(cwd):
+        try:
+            return main(args)
+        except SystemExit as exit_:  # the config parser's own errors
+            return exit_.code if isinstance(exit_.code, int) else 2
+
+
+def run_cli(args: list[str], cwd: Path, env: dict | None = None,
+            timeout: float = 600) -> subprocess.CompletedProcess:
+    """``python -m project ARGS`` in a new process, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "project", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+
+
+def only_run(logs: Path) -> Path:
+    """The single run folder under ``logs`` (asserting there is exactly one)."""
+    runs = sorted({p.parent for p in logs.rglob("events.out.tfevents*")} |
+                  {p.parent.parent for p in logs.rglob("checkpoints/*.ckpt")})
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar series of a TensorBoard run folder, read back with TensorBoard's reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def best_ckpt(run: Path) -> Path:
+    return next((run / "checkpoints").glob("best-*.ckpt"))
+
+
+@pytest.fixture(scope="session")
+def trained_run(tiny_data, tmp_path_factory) -> Path:
+    """One real 3-epoch run shared by the evaluation and export tests; its run folder."""
+    cwd = tmp_path_factory.mktemp("trained")
+    assert cli(["fit", *fit_args(tiny_data, epochs=3)], cwd) == 0
+    return only_run(cwd / "logs")

@@ -1,0 +1,34 @@
+"""make bench runs end to end (quick mode) and prints every table with positive numbers."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_bench_quick_prints_every_table():
+    result = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--quick"], cwd=REPO,
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    for title in ("## Training overhead", "## Data pipeline vs model", "## Start-up",
+                  "## Inference"):
+        assert title in out, title
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
+    assert re.search(r"The EMA update costs -?\d+\.\d+ ms a step", out)
+    for name in ("plain PyTorch", "template fit (EMA on, as train.yaml)", "template fit, EMA off",
+                 "model training step (no data)",
+                 "loader, cache=none", "loader, cache=memory", "loader, streaming chunk_bytes=1MB",
+                 "loader, streaming chunk_bytes=64MB", "python -m project fit", "onnx", "int8",
+                 "pytorch"):
+        numbers = [float(x) for x in re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?:e[-+]?\d+)?",
+                                                 rows[name].split("|", 2)[2])]
+        # measurements are positive; only a num_workers label may be 0
+        assert numbers and min(numbers) >= 0 and numbers[-1] > 0, (name, rows[name])

@@ -1,0 +1,205 @@
+"""The data module: discovery, splits (copies kept together), transforms, samplers, demo data."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from torchvision.transforms import v2
+
+from project.common.preprocessing import Preprocessing
+from project.data import FolderDataModule
+from project.data.demo import make_demo
+from project.data.folders import DataFolderError, discover
+from project.data.samplers import EpochSampler, ShardSampler, inverse_frequency
+from project.data.transforms import Augmentation, train_transforms
+from project.errors import ConfigError
+from project.extras.datatools.check_data import scan
+from project.model import ImageClassifier
+from tests.conftest import CLASSES
+
+
+@pytest.fixture(scope="module")
+def flat_data(tmp_path_factory) -> Path:
+    """One folder of class folders, no splits: 10, 20 and 30 images."""
+    root = tmp_path_factory.mktemp("flat")
+    src = make_demo(root / "src", 30, 0, 0, image_size=16, num_classes=3)
+    flat = root / "flat"
+    for cls, n in (("checker", 10), ("circle", 20), ("cross", 30)):
+        (flat / cls).mkdir(parents=True)
+        for f in sorted((src / "train" / cls).iterdir())[:n]:
+            shutil.copy(f, flat / cls / f.name)
+    return flat
+
+
+def test_split_folders_are_used_as_they_are(tiny_data):
+    dm = FolderDataModule(tiny_data, num_workers=0)
+    assert dm.class_names == CLASSES and dm.num_classes == 5
+    assert (len(dm.splits.train), len(dm.splits.val), len(dm.splits.test)) == (40, 20, 20)
+
+
+def test_single_folder_gets_a_seeded_stratified_split(flat_data):
+    splits = discover(flat_data, val_fraction=0.2, test_fraction=0.1, seed=3)
+    sizes = {name: Counter(s.label for s in getattr(splits, name)) for name in ("train", "val", "test")}
+    assert sizes["test"] == {0: 1, 1: 2, 2: 3}  # 10 % of each class
+    assert sizes["val"] == {0: 2, 1: 4, 2: 6}  # 20 % of each class
+    assert sizes["train"] == {0: 7, 1: 14, 2: 21}
+    every = [s.path for name in ("train", "val", "test") for s in getattr(splits, name)]
+    assert len(every) == len(set(every)) == 60  # disjoint and complete
+    assert discover(flat_data, val_fraction=0.2, test_fraction=0.1, seed=3).val == splits.val
+    assert discover(flat_data, val_fraction=0.2, test_fraction=0.1, seed=4).val != splits.val
+
+
+def test_identical_files_stay_in_one_split_and_check_data_names_them(flat_data, tmp_path, caplog):
+    caplog.set_level("INFO")
+    copies = tmp_path / "copies"
+    shutil.copytree(flat_data, copies)
+    originals = sorted((copies / "cross").iterdir())[:5]
+    for original in originals:  # 5 images of cross, each copied 6 times
+        for k in range(6):
+            shutil.copy(original, original.with_name(f"{original.stem}_copy{k}.png"))
+    splits = discover(copies, val_fraction=0.2, test_fraction=0.2, seed=0)
+    split_of = {s.path: name for name in ("train", "val", "test") for s in getattr(splits, name)}
+    for original in originals:
+        group = [str(original)] + [str(original.with_name(f"{original.stem}_copy{k}.png")) for k in range(6)]
+        assert len({split_of[p] for p in group}) == 1, group
+    assert "30 files in" in caplog.text and "byte-identical copies" in caplog.text
+    warnings = [f for f in scan(copies) if "identical" in f.reason]
+    assert len(warnings) == 30
+    assert all("the automatic split keeps the copies in one split" in f.reason for f in warnings)
+
+
+def test_eval_is_deterministic_and_training_draws_from_the_seed(tiny_data):
+    dm = FolderDataModule(tiny_data, num_workers=0, cache="none")
+    dm.model_preprocessing = Preprocessing(32)
+    dm.setup("fit")
+    val, train = dm.datasets["val"], dm.datasets["train"]
+    assert torch.equal(val[0][0], val[0][0]) and val[0][0].shape == (3, 32, 32)
+    assert torch.equal(train[(0, 7)][0], train[(0, 7)][0])  # same seed, same variant
+    assert not torch.equal(train[(0, 7)][0], train[(0, 8)][0])  # new seed, new variant
+
+
+def test_every_augmentation_setting_reaches_the_transform():
+    """A field of ``Augmentation`` that no transform reads would train with the default while
+    the logged config says otherwise: each distinct value must change the pipeline."""
+    pre = Preprocessing(32)
+    values = {"hflip": 0.25, "vflip": 0.75, "crop_scale": (0.3, 0.9), "color_jitter": 0.35,
+              "auto_augment": "trivialaugment", "random_erasing": 0.45}
+    assert set(values) == {f.name for f in dataclasses.fields(Augmentation)}
+    default = repr(train_transforms(pre, Augmentation()))
+    for key, value in values.items():  # each setting alone changes the pipeline
+        changed = dataclasses.replace(Augmentation(), **{key: value})
+        assert repr(train_transforms(pre, changed)) != default, key
+    steps = {type(t).__name__: t for t in train_transforms(pre, Augmentation(**values)).transforms}
+    assert steps["RandomHorizontalFlip"].p == 0.25 and steps["RandomVerticalFlip"].p == 0.75
+    assert steps["RandomResizedCrop"].scale == (0.3, 0.9) and steps["RandomErasing"].p == 0.45
+    assert steps["ColorJitter"].brightness == (0.65, 1.35) and "TrivialAugmentWide" in steps
+    # the data module builds it by keyword from the config's mapping: nothing can be swapped
+    dm = FolderDataModule("unused", augmentation=Augmentation(**values))
+    assert dm.hparams.augmentation == {**values, "crop_scale": [0.3, 0.9]}
+    stored = dm.hparams.augmentation
+    assert FolderDataModule("unused", augmentation=stored).augmentation == Augmentation(**values)
+
+
+def test_data_and_model_built_in_python_agree_on_the_preprocessing(tiny_data):
+    """timm's test_resnet weights normalise with mean 0.5 and crop 95 %: a data module used with
+    that model must feed it exactly that, with no setting repeated on the data side."""
+    import lightning as L
+
+    model = ImageClassifier(num_classes=5, class_names=CLASSES, backbone="timm/test_resnet.r160_in1k",
+                            weights="DEFAULT", image_size=32)
+    assert model.preprocessing.mean == (0.5, 0.5, 0.5) and model.preprocessing.crop_ratio == 0.95
+    dm = FolderDataModule(tiny_data, batch_size=4, num_workers=0)
+    trainer = L.Trainer(max_steps=1, limit_val_batches=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(model, dm)
+    normalize = [t for t in dm.datasets["val"].transform.transforms if isinstance(t, v2.Normalize)][0]
+    assert tuple(normalize.mean) == (0.5, 0.5, 0.5) and dm.decode_side("val") == round(32 / 0.95)
+
+
+def test_loaders_do_not_depend_on_the_number_of_workers(tiny_data):
+    batches = {}
+    for workers in (0, 2):
+        dm = FolderDataModule(tiny_data, batch_size=8, num_workers=workers, persistent_workers=False,
+                              cache="none", seed=3)
+        dm.model_preprocessing = Preprocessing(32)
+        dm.setup("fit")
+        batches[workers] = next(iter(dm.train_dataloader()))
+    assert torch.equal(batches[0][0], batches[2][0]) and torch.equal(batches[0][1], batches[2][1])
+
+
+def test_the_training_draw_is_seeded_per_epoch_and_balances_classes():
+    targets = torch.tensor([0] * 90 + [1] * 10)
+    weights = inverse_frequency(targets, 2)[targets]
+    assert inverse_frequency(targets, 2).tolist() == pytest.approx([100 / 180, 100 / 20])
+
+    def draw(epoch: int, seed: int = 5, rank: int = 0, replicas: int = 1) -> list[int]:
+        sampler = EpochSampler(100, weights, seed=seed, num_replicas=replicas, rank=rank)
+        sampler.set_epoch(epoch)
+        return [i for i, _ in sampler]
+
+    assert draw(0) == draw(0) and draw(0) != draw(1) and draw(0) != draw(0, seed=6)
+    counts = Counter(int(targets[i]) for epoch in range(20) for i in draw(epoch))
+    assert 0.4 < counts[1] / sum(counts.values()) < 0.6
+    shares = [draw(3, rank=r, replicas=3) for r in range(3)]  # the ranks' shares of one draw
+    whole = EpochSampler(100, weights, seed=5, num_replicas=3)
+    whole.set_epoch(3)
+    assert [i for trio in zip(*shares, strict=True) for i in trio] == whole.global_draw()[0].tolist()
+    evaluation = [list(ShardSampler(13, 3, r)) for r in range(3)]
+    assert sorted(i for share in evaluation for i in share) == list(range(13))  # each image once
+
+
+@pytest.mark.parametrize("problem", ["missing", "file", "no_classes", "one_class", "empty_class"])
+def test_bad_layouts_name_the_folder_and_the_fix(tmp_path, problem):
+    root = tmp_path / "data"
+    if problem == "file":
+        root.write_text("not a folder")
+    elif problem != "missing":
+        root.mkdir()
+    for c in {"one_class": ["cats"], "empty_class": ["cats", "dogs"]}.get(problem, []):
+        (root / c).mkdir()
+    if problem in ("one_class", "empty_class"):
+        (root / "cats" / "a.png").write_bytes(b"")
+    with pytest.raises(DataFolderError) as info:
+        _ = FolderDataModule(root).num_classes
+    expected = {"missing": "does not exist", "file": "is a file", "no_classes": "no class folders",
+                "one_class": "at least two classes", "empty_class": "without images in"}[problem]
+    assert str(root) in str(info.value) and expected in str(info.value)
+
+
+@pytest.mark.parametrize(("setting", "value", "allowed"), [
+    ("batch_size", 0, ">= 1"), ("num_workers", -1, ">= 0"), ("prefetch_factor", 0, ">= 1"),
+    ("cache_gb", 0.0, "above 0"), ("val_fraction", -0.1, "[0, 1)"), ("test_fraction", 1.0, "[0, 1)"),
+    ("decode_side", 0, "auto, full or a number of pixels"),
+])
+def test_out_of_range_settings_fail_at_construction_naming_the_key(tiny_data, setting, value, allowed):
+    with pytest.raises(ConfigError) as info:
+        FolderDataModule(tiny_data, **{setting: value})
+    assert f"data.{setting} must be" in str(info.value) and allowed in str(info.value)
+
+
+def test_empty_splits_say_how_to_fill_them(tiny_data, flat_data, tmp_path):
+    with pytest.raises(ConfigError, match=r"data.val_fraction \+ data.test_fraction must be below 1"):
+        FolderDataModule(flat_data, val_fraction=0.5, test_fraction=0.5)
+    no_test = tmp_path / "no_test"
+    shutil.copytree(tiny_data, no_test, ignore=shutil.ignore_patterns("test"))
+    with pytest.raises(ConfigError) as info:
+        FolderDataModule(no_test, num_workers=0, cache="none").setup("test")
+    assert "add a test/ folder" in str(info.value) and "set data.test_fraction" not in str(info.value)
+    with pytest.raises(ConfigError, match="set data.test_fraction above 0"):
+        FolderDataModule(flat_data, test_fraction=0.0, num_workers=0, cache="none").setup("test")
+
+
+def test_demo_is_deterministic_and_imbalance_shrinks_later_classes(tmp_path):
+    a = make_demo(tmp_path / "a", 6, 2, 2, image_size=24, num_classes=3, imbalance=0.5, seed=9)
+    b = make_demo(tmp_path / "b", 6, 2, 2, image_size=24, num_classes=3, imbalance=0.5, seed=9)
+    files = sorted(p.relative_to(a) for p in a.rglob("*.png"))
+    assert files == sorted(p.relative_to(b) for p in b.rglob("*.png"))
+    assert all((a / f).read_bytes() == (b / f).read_bytes() for f in files)
+    assert [len(list((a / "train" / c).iterdir())) for c in ("checker", "circle", "cross")] == [6, 4, 3]
+    with pytest.raises(FileExistsError):
+        make_demo(tmp_path / "a", 6, 2, 2, image_size=24, num_classes=3)

@@ -1,0 +1,163 @@
+"""Deployment: verified ONNX, INT8, TorchScript and .pt2; predict; torch-free inference."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from project.checkpoints import load_model
+from project.extras.analysis.calibration import write_temperature
+from project.extras.deploy.infer import OnnxClassifier, classify
+from project.extras.deploy.infer import main as infer_main
+from tests.conftest import CLASSES, best_ckpt, cli
+
+
+@pytest.fixture(scope="module")
+def calibrated(trained_run, tmp_path_factory) -> Path:
+    """The trained run's best checkpoint with a temperature of 2.5."""
+    ckpt = tmp_path_factory.mktemp("calibrated") / "model.ckpt"
+    ckpt.write_bytes(best_ckpt(trained_run).read_bytes())
+    write_temperature(ckpt, {"temperature": 2.5})
+    return ckpt
+
+
+@pytest.fixture(scope="module")
+def exported(calibrated, tiny_data) -> Path:
+    out = calibrated.parent / "export"
+    assert cli(["export", "--ckpt_path", str(calibrated), "--out", str(out), "--data_dir", str(tiny_data),
+                "--formats", "onnx,int8", "--calibration_images", "16", "--int8_max_drop", "1.0",
+                "--repeats", "2"], out.parent) == 0
+    return out
+
+
+def test_onnx_matches_pytorch_at_several_batch_sizes_and_carries_metadata(exported, calibrated):
+    import onnx
+    import onnxruntime as ort
+
+    proto = onnx.load(str(exported / "model.onnx"))
+    onnx.checker.check_model(proto)
+    meta = {p.key: p.value for p in proto.metadata_props}
+    assert json.loads(meta["class_names"]) == CLASSES and float(meta["temperature"]) == 2.5
+    assert meta["image_size"] == "32" and json.loads(meta["mean"])[0] == pytest.approx(0.485)
+    assert not list(exported.glob("*.data"))  # one self-contained file
+    model = load_model(calibrated)
+    session = ort.InferenceSession(str(exported / "model.onnx"), providers=["CPUExecutionProvider"])
+    for batch in (1, 3, 8, 17):
+        x = torch.randn(batch, 3, 32, 32)
+        with torch.no_grad():
+            expected = model(x).numpy()
+        assert np.abs(session.run(None, {"input": x.numpy()})[0] - expected).max() <= 1e-4
+
+
+def test_the_report_covers_every_format_and_int8_is_smaller(exported):
+    report = json.loads((exported / "export_report.json").read_text())
+    rows = report["formats"]
+    assert set(rows) == {"pytorch", "onnx", "int8"} and rows["onnx"]["max_abs_diff"] <= 1e-4
+    for name, row in rows.items():
+        assert row["latency_ms_b1"] > 0 and row["latency_ms_b32"] > 0 and 0 <= row["val_acc"] <= 1, name
+    assert rows["int8"]["size_mb"] < 0.5 * rows["onnx"]["size_mb"]
+    assert "| int8 |" in (exported / "export_report.md").read_text()
+
+
+@pytest.mark.parametrize("problem", ["missing", "corrupt", "not_a_checkpoint", "no_class_names"])
+def test_bad_checkpoints_fail_in_one_line_and_leave_nothing(problem, trained_run, tmp_path, capsys):
+    ckpt = tmp_path / "model.ckpt"
+    if problem == "corrupt":
+        ckpt.write_bytes(best_ckpt(trained_run).read_bytes()[:5000])
+    elif problem == "not_a_checkpoint":
+        torch.save({"weights": torch.zeros(3)}, ckpt)
+    elif problem == "no_class_names":
+        full = torch.load(best_ckpt(trained_run), weights_only=True)
+        full["hyper_parameters"].pop("class_names")
+        torch.save(full, ckpt)
+    out = tmp_path / "out"
+    assert cli(["export", "--ckpt_path", str(ckpt), "--out", str(out)], tmp_path) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and str(ckpt) in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def _resized_test_images(tiny_data: Path, folder: Path, side: int) -> Path:
+    """The test images at the evaluation's resize side: both pipelines then only crop and
+    normalise, so their pixels are identical (Pillow's and torchvision's resampling differ a little)."""
+    folder.mkdir()
+    for f in sorted((tiny_data / "test").rglob("*.png")):
+        Image.open(f).convert("RGB").resize((side, side)).save(folder / f.name)
+    (folder / "broken.png").write_bytes(b"not an image")
+    return folder
+
+
+def test_predict_and_infer_give_the_same_calibrated_probabilities(exported, calibrated, tiny_data, tmp_path,
+                                                                  capsys):
+    model = load_model(calibrated)
+    images = _resized_test_images(tiny_data, tmp_path / "images", model.preprocessing.resize_size)
+    torch_csv, onnx_csv = tmp_path / "torch.csv", tmp_path / "onnx.csv"
+    assert cli(["predict", "--ckpt_path", str(calibrated), "--input", str(images),
+                "--output", str(torch_csv)],
+               tmp_path) == 0
+    assert "could not read" in capsys.readouterr().out  # the broken file is listed, not fatal
+    assert infer_main([str(exported / "model.onnx"), str(images), "--output", str(onnx_csv)]) == 0
+    ours = {r["path"]: r for r in csv.DictReader(onnx_csv.open())}
+    theirs = {r["path"]: r for r in csv.DictReader(torch_csv.open())}
+    assert list(ours) == list(theirs) and len(ours) == 21  # 20 images and the broken one, in order
+    assert ours[str(images / "broken.png")]["error"] and theirs[str(images / "broken.png")]["error"]
+    for path, row in ours.items():
+        for k in (1, 2, 3) if not row["error"] else ():
+            assert row[f"top{k}"] == theirs[path][f"top{k}"]
+            assert float(row[f"top{k}_prob"]) == pytest.approx(float(theirs[path][f"top{k}_prob"]), abs=1e-5)
+    # ...and they are the calibrated ones: softmax(logits / 2.5), not the raw softmax
+    clf = OnnxClassifier(exported / "model.onnx")
+    first = sorted(p for p in ours if "broken" not in p)[0]
+    logits = clf.logits([clf.read(first)])[0]
+    expected = float(torch.tensor(logits / 2.5).softmax(-1).max())
+    assert float(ours[first]["confidence"]) == pytest.approx(expected, abs=1e-5)
+    assert classify(clf, [first])[0]["predicted"] == ours[first]["predicted"]
+
+
+@pytest.mark.slow
+def test_infer_runs_where_torch_is_missing(exported, tiny_data, tmp_path):
+    blocker = tmp_path / "no_torch"
+    (blocker / "torch").mkdir(parents=True)
+    (blocker / "torch" / "__init__.py").write_text("raise ImportError('torch is blocked')\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "project.extras.deploy.infer", str(exported / "model.onnx"),
+         str(tiny_data / "test"),
+         "--output", str(tmp_path / "preds.csv")], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={"PYTHONPATH": f"{blocker}:{Path(__file__).resolve().parents[1]}", "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(list(csv.DictReader((tmp_path / "preds.csv").open()))) == 20
+
+
+@pytest.mark.slow
+def test_torchscript_and_pt2_reload_without_the_project(calibrated, tmp_path):
+    from project.extras.deploy.export import export_checkpoint
+
+    exported = tmp_path / "export"
+    rows = export_checkpoint(calibrated, exported, ["torchscript", "pt2"], repeats=1)["formats"]
+    assert rows["torchscript"]["max_abs_diff"] <= 1e-4 and rows["pt2"]["max_abs_diff"] <= 1e-4
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        expected = load_model(calibrated)(x)
+    torch.save({"x": x, "expected": expected}, tmp_path / "io.pt")
+    script = textwrap.dedent(f"""
+        import sys, torch
+        io = torch.load({str(tmp_path / 'io.pt')!r})
+        ts = torch.jit.load({str(exported / 'model.torchscript.pt')!r})
+        pt2 = torch.export.load({str(exported / 'model.pt2')!r}).module()
+        for out in (ts(io["x"]), pt2(io["x"])):
+            assert (out - io["expected"]).abs().max() <= 1e-4
+        assert not any(m == "project" or m.startswith("project.") for m in sys.modules)
+        print("ok")
+    """)
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]

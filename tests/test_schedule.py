@@ -1,0 +1,98 @@
+"""The LR schedule from the config: warmup + cosine, any torch scheduler, exact resumes."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from project.model.schedule import (
+    DeferredScheduler,
+    WarmupCosine,
+    global_batch_size,
+    scaled_lr,
+    unset_lengths,
+    warmup_cosine,
+)
+from tests.conftest import cli, fit_args, only_run, scalars
+
+EVERY_EPOCH = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+               "--trainer.callbacks.every_n_epochs=1", "--trainer.callbacks.save_top_k=-1",
+               "--trainer.callbacks.monitor=val/loss",  # a distinct callback state key
+               "--trainer.callbacks.filename=ep{epoch}"]
+
+
+def test_warmup_then_cosine():
+    f = warmup_cosine(warmup_steps=30, total_steps=130, start_factor=0.01)
+    assert f(0) == pytest.approx(0.01) and f(15) == pytest.approx(0.01 + 0.99 * 0.5)
+    assert f(30) == pytest.approx(1.0) and f(80) == pytest.approx(0.5)
+    assert f(130) == pytest.approx(0.0, abs=1e-12)
+    values = [f(s) for s in range(30, 131)]
+    assert all(a >= b for a, b in zip(values, values[1:], strict=False))
+
+
+def test_warmup_is_capped_to_a_share_of_the_run_and_ends_at_the_end_factor(caplog):
+    caplog.set_level("INFO")
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    sched = WarmupCosine(opt, warmup_epochs=3, total_steps=20, steps_per_epoch=4, end_factor=0.1)
+    assert "warmup of 3 epochs (12 steps) clipped to 4 steps" in caplog.text
+    lrs = []
+    for _ in range(20):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs[0] == pytest.approx(0.001) and lrs[4] == pytest.approx(0.1)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.01)  # end_factor x the LR
+
+
+def test_the_run_lengths_go_where_the_scheduler_leaves_them_unset():
+    assert unset_lengths(WarmupCosine) == ["total_steps", "steps_per_epoch"]
+    one_cycle = functools.partial(torch.optim.lr_scheduler.OneCycleLR, max_lr=0.1, total_steps=None,
+                                  epochs=None, steps_per_epoch=None)
+    assert unset_lengths(one_cycle) == ["total_steps", "steps_per_epoch", "epochs"]
+    assert unset_lengths(functools.partial(torch.optim.lr_scheduler.StepLR, step_size=3)) == []
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1, momentum=0.9)
+    deferred = DeferredScheduler(opt, one_cycle)
+    assert opt.param_groups[0]["lr"] == 0.1  # nothing changes until the lengths are known
+    deferred.build({"total_steps": 10, "steps_per_epoch": 5, "epochs": 2})
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1 / 25)  # OneCycle's start: max_lr / 25
+
+
+@pytest.mark.parametrize(("rule", "expected"), [("none", 0.01), ("linear", 0.08), ("sqrt", 0.01 * 8 ** 0.5)])
+def test_lr_scaling_rules(rule, expected):
+    batch = global_batch_size(batch_size=32, devices=4, num_nodes=2, accumulate=2)
+    assert batch == 512 and scaled_lr(0.01, batch, base_batch=64, rule=rule) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("scheduler", [
+    pytest.param([], marks=pytest.mark.slow),  # the default, warmup + cosine: the same mechanism
+    ["--model.scheduler=torch.optim.lr_scheduler.OneCycleLR", "--model.scheduler.max_lr=0.05"],
+], ids=["warmup_cosine", "one_cycle"])
+def test_a_resume_at_an_epoch_boundary_is_bit_exact(tiny_data, tmp_path, scheduler, caplog):
+    """Two epochs straight, and one then a resume from the epoch-1 checkpoint: the same weights
+    (raw and EMA), optimizer state, LRs and momenta, to the bit."""
+    caplog.set_level("INFO")
+    common = ["--trainer.deterministic=true", "--trainer.limit_train_batches=3", *scheduler, *EVERY_EPOCH]
+    (tmp_path / "straight").mkdir()
+    (tmp_path / "resumed").mkdir()
+    assert cli(["fit", *fit_args(tiny_data, *common, epochs=2)], tmp_path / "straight") == 0
+    run_a = only_run(tmp_path / "straight" / "logs")
+    boundary = run_a / "checkpoints" / "epepoch=0.ckpt"  # after 1 of 2 epochs
+    assert cli(["fit", *fit_args(tiny_data, *common, epochs=2), f"--ckpt_path={boundary}"],
+               tmp_path / "resumed") == 0
+    run_b = only_run(tmp_path / "resumed" / "logs")
+    a = torch.load(run_a / "checkpoints/last.ckpt", weights_only=True)
+    b = torch.load(run_b / "checkpoints/last.ckpt", weights_only=True)
+    assert a["global_step"] == b["global_step"] == 6
+    for state in ("state_dict", "current_model_state"):  # the EMA weights and the raw ones
+        for key, tensor in a[state].items():
+            assert torch.equal(tensor, b[state][key]), (state, key)
+    for group_a, group_b in zip(a["optimizer_states"][0]["param_groups"],
+                                b["optimizer_states"][0]["param_groups"], strict=True):
+        assert group_a["lr"] == group_b["lr"] and group_a["momentum"] == group_b["momentum"]
+    assert a["lr_schedulers"] == b["lr_schedulers"]
+    assert scalars(run_a)["val/acc"][-1] == scalars(run_b)["val/acc"][-1]
+    if scheduler:  # OneCycle moves the momentum too, and the run says so
+        momenta = {g["momentum"] for g in a["optimizer_states"][0]["param_groups"]}
+        assert momenta != {0.9} and "OneCycleLR also cycles the optimizer's momentum" in caplog.text

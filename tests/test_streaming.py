@@ -1,0 +1,163 @@
+"""Optimized shards: ``optimize-data``, training from the chunks, DDP shares, mid-epoch resume."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from project.data.datamodule import FolderDataModule
+from project.errors import ConfigError
+from project.extras.streaming.optimize import MANIFEST, check_paths
+from tests.conftest import cli, fit_args, only_run, run_cli, scalars
+
+REPO = Path(__file__).resolve().parents[1]
+RECORDER = "--trainer.callbacks+=tests.test_streaming.SampleRecorder"
+SAME = ["--data.augmentation=null", "--trainer.precision=32-true"]
+
+
+class SampleRecorder(Callback):
+    """Appends a digest of every trained input to ``$RECORD_DIR/rank<R>.txt``; with
+    ``$STOP_AFTER_STEPS`` it sends SIGTERM to its own process after that step (a preemption)."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        images, _ = batch
+        with open(Path(os.environ["RECORD_DIR"]) / f"rank{trainer.global_rank}.txt", "a") as f:
+            for image in images:
+                f.write(f"{trainer.current_epoch} {hashlib.sha1(image.numpy().tobytes()).hexdigest()}\n")
+        if trainer.global_step == int(os.environ.get("STOP_AFTER_STEPS", 0)):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def recorded(folder: Path) -> dict[str, list[str]]:
+    return {p.stem: [line.split()[1] for line in p.read_text().splitlines()]
+            for p in sorted(folder.glob("rank*.txt"))}
+
+
+@pytest.fixture(scope="module")
+def chunks(tiny_data, tmp_path_factory) -> Path:
+    """``tiny_data`` optimized into LitData chunks, as a user runs it."""
+    out = tmp_path_factory.mktemp("optimized") / "tiny"
+    assert cli(["optimize-data", str(tiny_data), str(out), "--workers=2"], out.parent) == 0
+    return out
+
+
+def test_optimize_records_the_splits_and_a_rerun_is_a_no_op(tiny_data, chunks, capsys):
+    manifest = json.loads((chunks / MANIFEST).read_text())
+    folder = FolderDataModule(data_dir=str(tiny_data))
+    assert manifest["classes"] == folder.class_names
+    for split in ("train", "val", "test"):
+        samples = getattr(folder.splits, split)
+        assert manifest["splits"][split]["size"] == len(samples)
+        assert Counter(manifest["splits"][split]["labels"]) == Counter(s.label for s in samples)
+        assert (chunks / split / "index.json").is_file()
+    assert not [p for p in chunks.parent.iterdir() if p.name.startswith(".")]  # no partial left
+    before = (chunks / MANIFEST).stat().st_mtime_ns
+    assert cli(["optimize-data", str(tiny_data), str(chunks)], chunks.parent) == 0
+    assert "up to date" in capsys.readouterr().out
+    assert (chunks / MANIFEST).stat().st_mtime_ns == before
+
+
+def test_streamed_labels_match_the_manifest_in_stored_order(chunks):
+    dm = FolderDataModule(data_dir=str(chunks), batch_size=5, num_workers=0, augmentation=None)
+    assert dm.streaming and dm.class_names == json.loads((chunks / MANIFEST).read_text())["classes"]
+    dm.setup("fit")
+    train = dm.datasets["train"]
+    assert [train[i][1] for i in range(len(train.targets))] == train.targets
+    seen = [label for _, labels in dm.train_dataloader() for label in labels.tolist()]
+    assert sorted(seen) == sorted(train.targets)  # every training image once per epoch
+
+
+@pytest.mark.slow
+def test_fit_from_chunks_equals_the_folder_run(tiny_data, chunks, tmp_path):
+    """One full-batch step (40 images), no augmentation: the same images, labels and transforms
+    give the same model whatever the order, so validation agrees to float rounding."""
+    values = {}
+    for name, data in (("folder", tiny_data), ("chunks", chunks)):
+        (tmp_path / name).mkdir()
+        args = fit_args(data, *SAME, "--data.batch_size=40", epochs=1)
+        result = run_cli(["fit", *args], cwd=tmp_path / name)
+        assert result.returncode == 0, result.stderr[-3000:]
+        run = only_run(tmp_path / name / "logs")
+        series = scalars(run)
+        values[name] = {k: v[-1][1] for k, v in series.items() if k.startswith("val/")}
+        ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+        values[name]["classes"] = ckpt["hyper_parameters"]["class_names"]
+        values[name]["steps"] = ckpt["global_step"]
+    print(values)
+    folder, streamed = values["folder"], values["chunks"]
+    assert streamed["classes"] == folder["classes"] and streamed["steps"] == folder["steps"] == 1
+    assert streamed["val/acc"] == folder["val/acc"]
+    assert streamed["val/loss"] == pytest.approx(folder["val/loss"], abs=1e-4)
+
+
+@pytest.mark.slow
+def test_sigterm_mid_epoch_and_resume_train_every_sample_exactly_once(chunks, tmp_path):
+    env = {"RECORD_DIR": str(tmp_path), "PYTHONPATH": str(REPO), "STOP_AFTER_STEPS": "2"}
+    args = fit_args(chunks, *SAME, RECORDER, "--data.batch_size=4", epochs=1)
+    first = run_cli(["fit", *args], cwd=tmp_path, env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "SIGTERM: stopped at epoch 0, step 2" in first.stderr + first.stdout
+    assert len(recorded(tmp_path)["rank0"]) == 8
+    resumed = run_cli(["resume"], cwd=tmp_path, env={**env, "STOP_AFTER_STEPS": "0"})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    seen = Counter(recorded(tmp_path)["rank0"])
+    assert sum(seen.values()) == 40 and set(seen.values()) == {1}  # 40 images, none twice
+
+
+@pytest.mark.distributed
+def test_two_ranks_stream_disjoint_shares_of_the_whole_split(chunks, tmp_path):
+    ddp = ["--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp"]
+    args = fit_args(chunks, *SAME, *ddp, RECORDER, "--data.batch_size=4", epochs=1)
+    result = run_cli(["fit", *args], cwd=tmp_path, env={"RECORD_DIR": str(tmp_path), "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    shares = recorded(tmp_path)
+    assert sorted(shares) == ["rank0", "rank1"] and len(shares["rank0"]) == len(shares["rank1"]) == 20
+    assert not set(shares["rank0"]) & set(shares["rank1"])
+    assert len(set(shares["rank0"]) | set(shares["rank1"])) == 40  # the whole training split
+
+
+def test_undecodable_files_are_named_and_left_out(tiny_data, tmp_path, capsys):
+    src = tmp_path / "src"
+    shutil.copytree(tiny_data, src)
+    broken = src / "train" / "circle" / "broken.jpg"
+    broken.write_bytes(b"not a jpeg")
+    out = tmp_path / "out"
+    assert cli(["optimize-data", str(src), str(out), "--workers=1"], tmp_path) == 0
+    out_text = capsys.readouterr().out
+    assert f"skipped {broken}" in out_text and "remove or replace the file" in out_text
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["splits"]["train"]["size"] == 40 and manifest["skipped"][0]["path"] == str(broken)
+
+
+def test_bad_paths_and_incomplete_output_are_refused(tiny_data, tmp_path):
+    with pytest.raises(ConfigError, match="is not a folder"):
+        check_paths(tmp_path / "missing", tmp_path / "out")
+    with pytest.raises(ConfigError, match="inside it"):
+        check_paths(tiny_data, tiny_data / "optimized")
+    half = tmp_path / "half"
+    (half / "train").mkdir(parents=True)
+    (half / "train" / "index.json").write_text("{}")
+    assert not FolderDataModule(str(half)).streaming  # chunks without project.json: not complete
+    with pytest.raises(ConfigError, match="not an optimized data set"):
+        check_paths(tiny_data, half)
+
+
+def test_interrupted_optimize_leaves_no_output(tiny_data, tmp_path, monkeypatch):
+    from project.extras.streaming import optimize
+
+    def dying(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(optimize, "write_split", dying)
+    with pytest.raises(KeyboardInterrupt):
+        optimize.main([str(tiny_data), str(tmp_path / "out")])
+    assert list(tmp_path.iterdir()) == []

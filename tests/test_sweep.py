@@ -1,0 +1,255 @@
+"""Sweeps: the search space file, a real Optuna study of tiny training runs, pruning, resuming."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from contextlib import closing
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from project.errors import ConfigError
+from project.extras.sweep.space import cli_value, load_space, nested
+from project.extras.sweep.study import make_pruner
+from tests.conftest import cli, fit_args, run_cli, scalars
+
+SPACE = """\
+model.lr: {log_uniform: [0.005, 0.05]}
+data.augmentation.color_jitter: {uniform: [0.0, 0.3]}
+data.augmentation.crop_scale: {choice: [[0.6, 1.0], [0.8, 1.0]]}
+"""
+
+
+def _space(tmp: Path, text: str = SPACE) -> Path:
+    path = tmp / "space.yaml"
+    path.write_text(text)
+    return path
+
+
+def _study(cwd: Path, name: str) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{cwd}/logs/sweeps/{name}.db")
+
+
+def _states(db: Path) -> list[str]:
+    """Trial states, read without Optuna (which would create the tables the sweep is creating)."""
+    try:
+        with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)) as con:
+            return [row[0] for row in con.execute("SELECT state FROM trials ORDER BY number")]
+    except sqlite3.OperationalError:  # no database, or no tables yet
+        return []
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.is_file() else 0
+
+
+# -- The space file -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("text", "named"), [
+    ("model.lr: {log_uniform: [0.0, 0.1]}", "model.lr"),       # a log range cannot start at 0
+    ("model.lr: {uniform: [0.1]}", "model.lr"),                # not [low, high]
+    ("model.lr: {normal: [0, 1]}", "model.lr"),                # no such distribution
+    ("data.augmentation.hflip: {choice: []}", "data.augmentation.hflip"),
+    ("model.scheduler.init_args.warmup_epochs: {int: [0.5, 3]}", "warmup_epochs"),
+    ("- model.lr", "mapping"),
+])
+def test_bad_space_entries_name_the_key_and_the_fix(tmp_path, text, named):
+    with pytest.raises(ConfigError, match=named) as err:
+        load_space(_space(tmp_path, text))
+    assert "space.yaml" in str(err.value) or named == "mapping"
+
+
+def test_missing_space_file_says_what_to_pass(tmp_path):
+    with pytest.raises(ConfigError, match="--sweep"):
+        load_space(tmp_path / "nope.yaml")
+
+
+def test_space_samples_every_kind_and_turns_values_into_overrides(tmp_path):
+    space = load_space(_space(tmp_path, SPACE + "model.scheduler.init_args.warmup_epochs: {int: [0, 3]}\n"
+                              "model.backbone: {choice: [resnet18, mobilenet_v3_small]}\n"))
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(5):
+        trial = study.ask()
+        values = {p.key: p.suggest(trial) for p in space}
+        assert 0.005 <= values["model.lr"] <= 0.05 and 0.0 <= values["data.augmentation.color_jitter"] <= 0.3
+        assert values["data.augmentation.crop_scale"] in ([0.6, 1.0], [0.8, 1.0])  # lists survive Optuna
+        assert values["model.scheduler.init_args.warmup_epochs"] in range(4)
+        study.tell(trial, 0.0)
+    assert cli_value([0.6, 1.0]) == "[0.6, 1.0]" and cli_value(None) == "null" and cli_value(True) == "true"
+    assert nested({"model.optimizer.init_args.weight_decay": 0.1}) == {
+        "model": {"optimizer": {"init_args": {"weight_decay": 0.1}}}}
+
+
+def test_pruner_specs():
+    assert isinstance(make_pruner("median:2:0"), optuna.pruners.MedianPruner)
+    assert isinstance(make_pruner("halving"), optuna.pruners.SuccessiveHalvingPruner)
+    with pytest.raises(ConfigError, match="--pruner"):
+        make_pruner("hyperband:x")
+
+
+def test_the_default_space_fits_the_training_config():
+    from project.extras.sweep.space import check_against_config
+
+    repo = Path(__file__).resolve().parents[1]
+    check_against_config(load_space(repo / "configs/sweep.yaml"),
+                         ["--config", str(repo / "configs/train.yaml")], "configs/sweep.yaml")
+
+
+def test_unknown_key_fails_before_any_trial(tiny_data, tmp_path, capsys):
+    space = _space(tmp_path, SPACE + "model.lrr: {log_uniform: [0.001, 0.1]}\n")
+    assert cli(["sweep", "--sweep", str(space), "--n_trials", "2", *fit_args(tiny_data)], tmp_path) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "'model.lrr'" in err and "model.lr" in err
+    assert not (tmp_path / "logs").exists()  # no database, no run folder
+
+
+def test_a_trial_run_reports_to_its_study_through_the_public_storage_api(tmp_path, monkeypatch):
+    from project.extras.sweep import pruning
+    from project.extras.sweep.study import open_study
+
+    url = f"sqlite:///{tmp_path}/study.db"
+    study = open_study("s", url, "maximize", "median:1:0")
+    for value in (0.9, 0.8):  # two finished trials that reached 0.9 and 0.8 at epoch 0
+        study.add_trial(optuna.trial.create_trial(value=value, intermediate_values={0: value}))
+    trial = study.ask()
+    for key, value in ((pruning.ENV_STORAGE, url), (pruning.ENV_STUDY, "s"),
+                       (pruning.ENV_TRIAL, str(trial.number)), (pruning.ENV_PRUNER, "median:1:0")):
+        monkeypatch.setenv(key, value)
+    running = pruning.RunningTrial()
+    running.report(0.1, 0)
+    assert running.should_prune()  # below the median of the others at epoch 0
+    assert optuna.load_study(study_name="s", storage=url).trials[-1].intermediate_values == {0: 0.1}
+
+
+# -- A real sweep ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def sweep4(tiny_data, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """Four trials of two epochs each on tiny data, the default median pruner."""
+    cwd = tmp_path_factory.mktemp("sweep")
+    result = run_cli(["sweep", "--sweep", str(_space(cwd)), "--n_trials", "4", "--study", "demo",
+                      *fit_args(tiny_data, epochs=2)], cwd=cwd)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return cwd, result
+
+
+@pytest.mark.slow
+def test_sweep_writes_study_runs_table_best_and_plots(sweep4):
+    cwd, result = sweep4
+    folder = cwd / "logs/sweeps/demo"
+    study = _study(cwd, "demo")
+    trials = study.get_trials()
+    assert len(trials) == 4 and all(t.state.is_finished() for t in trials)
+    assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials) >= 3  # median waits for 3
+    for t in trials:  # one ordinary run folder per trial, TensorBoard logs under one logdir
+        run = folder / f"trial_{t.number:03d}"
+        assert (run / "config.yaml").is_file() and list(run.glob("events.out.tfevents.*"))
+        assert (run / "checkpoints/last.ckpt").is_file()
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        assert config["model"]["lr"] == pytest.approx(t.params["model.lr"])
+        crop_scale = yaml.safe_load(t.params["data.augmentation.crop_scale"])
+        assert config["data"]["augmentation"]["crop_scale"] == crop_scale
+    with open(folder / "trials.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["trial"]) for r in rows] == [0, 1, 2, 3]
+    assert {"value", "state", "duration_s", "model.lr", "data.augmentation.crop_scale"} <= set(rows[0])
+    for name in ("history.png", "curves.png"):
+        assert (folder / name).stat().st_size > 1000
+    best = yaml.safe_load((folder / "best.yaml").read_text())
+    assert best["model"]["lr"] == pytest.approx(study.best_trial.params["model.lr"])
+    assert "--config logs/sweeps/demo/best.yaml" in result.stdout  # the ready command line
+
+
+@pytest.mark.slow
+def test_best_yaml_reproduces_the_best_trial(sweep4, tiny_data, tmp_path):
+    cwd, _ = sweep4
+    best = _study(cwd, "demo").best_trial
+    result = run_cli(["fit", *fit_args(tiny_data, epochs=2), "--config",
+                      str(cwd / "logs/sweeps/demo/best.yaml")], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = next((tmp_path / "logs").rglob("config.yaml")).parent
+    assert max(v for _, v in scalars(run)["val/acc"]) == pytest.approx(best.value, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_rerun_of_a_finished_study_trains_only_the_seed_runs(sweep4, tiny_data):
+    """The same command again: no new trial (the study holds its 4), and --seeds 2 re-runs the
+    best settings with seeds 43 and 44 and reports mean and standard deviation."""
+    cwd, _ = sweep4
+    result = run_cli(["sweep", "--sweep", str(cwd / "space.yaml"), "--n_trials", "4", "--study", "demo",
+                      "--seeds", "2", *fit_args(tiny_data, epochs=2)], cwd=cwd)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert len(_study(cwd, "demo").trials) == 4 and "trial 4:" not in result.stdout
+    with open(cwd / "logs/sweeps/demo/seeds.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["seed"] for r in rows] == ["43", "44"]
+    values = [float(r["value"]) for r in rows]
+    assert f"mean {sum(values) / 2:.4f}" in result.stdout and "std " in result.stdout
+    best = _study(cwd, "demo").best_trial.number
+    config = yaml.safe_load((cwd / f"logs/sweeps/demo/trial_{best:03d}_seed44/config.yaml").read_text())
+    assert config["seed_everything"] == 44
+
+
+@pytest.mark.slow
+def test_pruner_stops_a_trial_with_lr_zero(tiny_data, tmp_path):
+    """Two earlier trials reached 0.9 by epoch 0; a trial that cannot learn (LR 0) is stopped
+    after its first epoch of three, and recorded as PRUNED."""
+    storage = f"sqlite:///{tmp_path}/logs/sweeps/prune.db"
+    (tmp_path / "logs/sweeps").mkdir(parents=True)
+    study = optuna.create_study(study_name="prune", storage=storage, direction="maximize")
+    lr = optuna.distributions.FloatDistribution(0.0, 0.1)
+    for _ in range(2):
+        study.add_trial(optuna.trial.create_trial(params={"model.lr": 0.05}, distributions={"model.lr": lr},
+                                                  value=0.95, intermediate_values={0: 0.9, 1: 0.95}))
+    study.enqueue_trial({"model.lr": 0.0})
+    space = _space(tmp_path, "model.lr: {uniform: [0.0, 0.1]}\n")
+    result = run_cli(["sweep", "--sweep", str(space), "--study", "prune", "--n_trials", "3",
+                      "--pruner", "median:2:0", *fit_args(tiny_data, epochs=3)], cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    trial = _study(tmp_path, "prune").trials[2]
+    assert trial.params["model.lr"] == 0.0 and trial.state == optuna.trial.TrialState.PRUNED
+    assert list(trial.intermediate_values) == [0]  # stopped after epoch 0 of 3
+    run = tmp_path / "logs/sweeps/prune/trial_002"
+    assert len(scalars(run)["val/acc"]) == 1
+    assert "PRUNED" in result.stdout
+
+
+@pytest.mark.slow
+def test_killed_sweep_resumes_without_repeating_finished_trials(tiny_data, tmp_path):
+    args = [sys.executable, "-m", "project", "sweep", "--sweep", str(_space(tmp_path)), "--study", "kill",
+            "--n_trials", "2", "--heartbeat", "1", "--pruner", "none", *fit_args(tiny_data, epochs=2)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(tmp_path / "first.log", "w") as log:
+        proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None:  # trial 0 done, trial 1 training
+            states = _states(tmp_path / "logs/sweeps/kill.db")
+            if (states[:1] == ["COMPLETE"] and states[1:] == ["RUNNING"]
+                    and _size(tmp_path / "logs/sweeps/kill/trial_001/train.log") > 0):
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the sweep and its training run, mid-trial
+        proc.wait()
+    first = _study(tmp_path, "kill").trials[0]
+    assert _study(tmp_path, "kill").trials[1].state.name == "RUNNING"  # until its heartbeat stops
+
+    result = run_cli(args[3:], cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    trials = _study(tmp_path, "kill").trials
+    states = [t.state.name for t in trials]
+    assert states == ["COMPLETE", "FAIL", "COMPLETE"], states  # the killed one failed, then re-run
+    assert trials[0].value == first.value and trials[0].datetime_complete == first.datetime_complete
+    assert "trial 0:" not in result.stdout  # not trained again
+    assert trials[2].params == trials[1].params != trials[0].params  # the interrupted settings, retried
