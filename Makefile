@@ -15,7 +15,7 @@ DATA_DIR ?= $(DEMO)
 
 .PHONY: help install data train train-ddp resume evaluate predict export check-data overfit \
         calibrate suspects lr-find find-batch-size profile test test-fast lint tensorboard bench bench-accuracy notebooks \
-        models resize-data optimize-data bench-photos sweep clean
+        models resize-data optimize-data bench-photos sweep browser clean
 
 help: ## List the targets
 	@echo "Usage: make TARGET [ARGS=\"--key=value ...\"]"
@@ -66,7 +66,7 @@ SHARDS ?= $(DATA_DIR)-shards
 optimize-data: $(STAMP) ## Pack DATA_DIR into LitData chunks at SHARDS (default DATA_DIR-shards) for streaming
 	$(PY) -m project optimize-data $(DATA_DIR) $(SHARDS) $(ARGS)
 
-check-data: $(STAMP) ## Scan a data folder (DATA_DIR=...) for unreadable or odd images
+check-data: $(STAMP) ## Scan a data folder (DATA_DIR=...) for unreadable, odd and identical images
 	$(PY) -m project check-data $(DATA_DIR) $(ARGS)
 
 overfit: data ## Single-batch overfit check: PASS if the model can learn at all
@@ -85,11 +85,16 @@ sweep: data ## Optuna search of LR, weight decay, augmentation (SWEEP=configs/sw
 profile: data ## Profile a short run: where does the time go?
 	$(PY) -m project fit --config $(CONFIG) --config configs/presets/profile.yaml $(ARGS)
 
-test: $(STAMP) ## Run the whole test suite (about 14 minutes on 2 CPU cores)
+test: $(STAMP) ## The full suite: DDP, kill/resume, notebooks, bench, sweeps, streaming (what CI runs)
 	$(PY) -m pytest $(ARGS)
 
-test-fast: $(STAMP) ## Run the tests without the slow and multi-process ones
+test-fast: $(STAMP) ## The fast tier, in-process, for every edit (under 3 minutes on 2 CPU cores)
 	$(PY) -m pytest -m "not slow and not distributed" $(ARGS)
+
+browser: ## Install headless chromium + chromedriver (Debian/Ubuntu) for the TensorBoard screen test
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	    $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium chromium-driver; }
 
 bench: data ## Speed tables: template vs plain loop, data pipeline, start-up, inference
 	$(PY) -m benchmarks.bench $(ARGS)
