@@ -11,6 +11,7 @@ from pathlib import Path
 import lightning
 import pytest
 import torch
+import torch.optim.swa_utils
 import torchmetrics
 import torchmetrics.functional.classification
 import torchvision
@@ -57,10 +58,10 @@ def known_names() -> frozenset[str]:
                 names.add(node.id if isinstance(node, ast.Name) else node.attr)
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
                 names |= set(re.findall(r"\w+", node.value))
-    for module in (torch, torch.nn, torch.optim, torch.optim.lr_scheduler, torch.utils.data, callbacks,
-                   strategies, loggers, torchvision.transforms.v2, torchvision.models, torchmetrics,
-                   torchmetrics.functional, torchmetrics.functional.classification,
-                   torchmetrics.classification):
+    for module in (torch, torch.nn, torch.optim, torch.optim.lr_scheduler, torch.optim.swa_utils,
+                   torch.utils.data, callbacks, strategies, loggers, torchvision.transforms.v2,
+                   torchvision.models, torchmetrics, torchmetrics.functional,
+                   torchmetrics.functional.classification, torchmetrics.classification):
         names |= set(dir(module))
     for cls in (lightning.Trainer, callbacks.ModelCheckpoint, callbacks.WeightAveraging,
                 torch.optim.lr_scheduler.OneCycleLR, torch.optim.lr_scheduler.StepLR):
