@@ -12,8 +12,8 @@ Builds its own 12-MP JPEGs from a real photo (scikit-learn's bundled ``china.jpg
 3. Model: resnet18 training-step images/s at 224 px, batch 16, on the same machine (no data):
    the rate the loader has to keep up with.
 4. Short fit: ``python -m project fit`` with ``configs/train.yaml`` on the photo folder (224 px,
-   batch 16, random init, otherwise the defaults), ``perf/data_wait_frac`` of its last epoch
-   with ``data.cache`` auto (the default) and none.
+   batch 16, random init, otherwise the defaults, plus the DataWaitMonitor),
+   ``perf/data_wait_frac`` of its last epoch with ``data.cache`` auto (the default) and none.
 
 About 3-5 minutes on 2 CPU cores with the defaults.
 """
@@ -145,7 +145,8 @@ def fit_wait(data: Path, workdir: Path, cache: str, epochs: int, batch: int = BA
     args = [sys.executable, "-m", "project", "fit", "--config", str(REPO / "configs/train.yaml"),
             f"--data.data_dir={data}", f"--model.image_size={IMAGE_SIZE}", f"--data.batch_size={batch}",
             f"--data.cache={cache}", "--model.weights=null", f"--trainer.max_epochs={epochs}",
-            "--trainer.enable_progress_bar=false", "--trainer.log_every_n_steps=1"]
+            "--trainer.enable_progress_bar=false", "--trainer.log_every_n_steps=1",
+            "--trainer.callbacks+=project.extras.diagnose.monitors.DataWaitMonitor"]
     start = time.perf_counter()
     result = subprocess.run(args, cwd=workdir, capture_output=True, text=True)
     wall = time.perf_counter() - start

@@ -18,13 +18,14 @@ def test_bench_quick_prints_every_table():
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
-    for title in ("## Training overhead", "## Data pipeline vs model", "## Start-up",
-                  "## Inference"):
+    for title in ("## Training overhead", "## Data pipeline vs model", "## Precision on this CPU",
+                  "## Start-up", "## Inference"):
         assert title in out, title
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
-    assert re.search(r"The EMA update costs -?\d+\.\d+ ms a step", out)
+    assert re.search(r"The EMA update is \d+\.\d+ % of a template step", out)
     for name in ("plain PyTorch", "template fit (EMA on, as train.yaml)", "template fit, EMA off",
-                 "model training step (no data)",
+                 "the EMA update alone (foreach)", "model training step (no data)", "float32",
+                 "bf16 autocast",
                  "loader, cache=none", "loader, cache=memory", "loader, streaming chunk_bytes=1MB",
                  "loader, streaming chunk_bytes=64MB", "python -m project fit", "onnx", "int8",
                  "pytorch"):

@@ -64,7 +64,7 @@ def load_manifest(data_dir: str) -> dict:
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:
     """The augmentation seed of sample ``index`` in ``epoch``: fixed by the three alone."""
-    g = torch.Generator().manual_seed(epoch_seed(seed, epoch) * 1_000_003 + index)
+    g = torch.Generator().manual_seed(epoch_seed(epoch_seed(seed, epoch), index))  # the same mixing rule
     return int(torch.randint(0, SEED_RANGE, (1,), generator=g))
 
 
