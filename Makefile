@@ -85,11 +85,13 @@ sweep: data ## Optuna search of LR, weight decay, augmentation (SWEEP=configs/sw
 profile: data ## Profile a short run: where does the time go?
 	$(PY) -m project fit --config $(CONFIG) --config configs/presets/profile.yaml $(ARGS)
 
+# A test file runs in one worker (its fixtures are built once); a worker per core, at most 4.
+XDIST := -n auto --maxprocesses=4 --dist loadfile
 test: $(STAMP) ## The full suite: DDP, kill/resume, notebooks, bench, sweeps, streaming (what CI runs)
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest $(XDIST) $(ARGS)
 
 test-fast: $(STAMP) ## The fast tier, in-process, for every edit (under 3 minutes on 2 CPU cores)
-	$(PY) -m pytest -m "not slow and not distributed" $(ARGS)
+	$(PY) -m pytest $(XDIST) -m "not slow and not distributed" $(ARGS)
 
 browser: ## Install headless chromium + chromedriver (Debian/Ubuntu) for the TensorBoard screen test
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \

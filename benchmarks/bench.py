@@ -232,7 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", help="data folder (default: data/demo, or a small one with --quick)")
     p.add_argument("--ckpt", help="checkpoint for the inference table (default: newest run's best)")
     a = p.parse_args(argv)
-    tmp = Path(tempfile.mkdtemp(prefix="bench-"))
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        return run(a, Path(tmp))
+
+
+def run(a: argparse.Namespace, tmp: Path) -> int:
     if a.quick:
         data = Path(a.data) if a.data else make_demo(tmp / "data", 24, 4, 2, image_size=32,
                                                      num_classes=3)

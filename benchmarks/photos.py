@@ -126,12 +126,12 @@ def loader_rate(loader, batches: int) -> float:
     return n / (time.perf_counter() - start)
 
 
-def model_step_rate(steps: int, bf16: bool) -> float:
-    """resnet18 forward + backward + SGD step on random 224-px batches: no data loading."""
+def model_step_rate(steps: int, bf16: bool, size: int = IMAGE_SIZE, batch: int = BATCH) -> float:
+    """resnet18 forward + backward + SGD step on random batches: no data loading."""
     from torchvision.models import resnet18
 
     torch.manual_seed(0)
-    return step_rate(resnet18(num_classes=2), 2, IMAGE_SIZE, BATCH, steps, bf16)
+    return step_rate(resnet18(num_classes=2), 2, size, batch, steps, bf16)
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", type=int, default=4, help="batches timed per loader row")
     p.add_argument("--steps", type=int, default=3, help="model training steps timed")
     p.add_argument("--fit-epochs", type=int, default=2, help="epochs of the short fit (0: skip it)")
-    p.add_argument("--quick", action="store_true", help="4 small photos, one of each measurement: "
+    p.add_argument("--quick", action="store_true", help="12 small photos, one of each measurement: "
                    "checks the script runs (the numbers mean nothing)")
     a = p.parse_args(argv)
     size = PHOTO_SIZE
@@ -189,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
         print(decode_table(paths, {"full size": None, f"reduced to {train_side} (training)": train_side,
                                    f"reduced to {eval_side} (evaluation)": eval_side}))
 
-        rates = {bf16: model_step_rate(a.steps, bf16) for bf16 in (False, True)}
+        # quick: 64 px, batch 4 (bf16 is emulated, ~10x slower, on a CPU without it)
+        step_size = (64, 4) if a.quick else (IMAGE_SIZE, BATCH)
+        rates = {bf16: model_step_rate(a.steps, bf16, *step_size) for bf16 in (False, True)}
         model = rates[True]  # the template trains with bf16 autocast on the CPU
         rows = [["resnet18 training step, fp32 (no data)", "-", "-", rates[False], rates[False] / model],
                 ["resnet18 training step, bf16 autocast (no data)", "-", "-", model, 1.0]]

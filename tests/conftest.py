@@ -18,6 +18,18 @@ TRAIN_CONFIG = REPO / "configs" / "train.yaml"
 CLASSES = ["checker", "circle", "cross", "dots", "square"]
 
 
+def pytest_configure(config) -> None:
+    """Under pytest-xdist (make test), each worker takes its share of the cores, and so do the
+    processes its tests start: torch's default of every core per process would oversubscribe."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        threads = str(max(1, (os.cpu_count() or 1) // workers))
+        os.environ["OMP_NUM_THREADS"] = threads
+        import torch
+
+        torch.set_num_threads(int(threads))
+
+
 @pytest.fixture(autouse=True)
 def _no_downloads(tmp_path_factory, monkeypatch):
     """An empty TORCH_HOME and HF_HOME, offline: nothing comes from a real cache or the network."""

@@ -11,7 +11,7 @@ import torch
 
 from project.data.demo import make_demo
 from project.data.samplers import EpochSampler, inverse_frequency
-from tests.conftest import fit_args, only_run, run_cli, scalars
+from tests.conftest import REPO, cli, fit_args, only_run, run_cli, scalars
 
 DDP = ["--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp"]
 ODD_PER_CLASS = 5  # x 3 classes: 15 val and 15 test images, which 2 ranks cannot split evenly
@@ -100,11 +100,15 @@ def _last_values(run: Path, prefix: str) -> dict[str, float]:
 
 @pytest.mark.distributed
 def test_two_process_ddp_fit_validates_each_image_once_and_resumes(odd_data, tmp_path):
-    # 32-bit so that the 1- and 2-process evaluations below differ only by float rounding
-    args = fit_args(odd_data, *DDP, "--data.batch_size=4", "--model.lr_scaling=linear",
-                    "--model.base_batch_size=4", "--trainer.precision=32-true", epochs=1)
+    """The ddp preset (make train-ddp) on two CPU processes; 32-bit so that the 1- and 2-process
+    evaluations below differ only by float rounding."""
+    args = fit_args(odd_data, "--config", str(REPO / "configs/presets/ddp.yaml"), *DDP,
+                    "--data.batch_size=4", "--model.base_batch_size=4", "--trainer.precision=32-true",
+                    epochs=1)
     result = run_cli(["fit", *args], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
+    assert "sync_batchnorm turned off" in result.stderr  # SyncBatchNorm runs on GPUs only
+    assert "SyncBatchNorm layers only work with GPU" not in result.stderr
     run = only_run(tmp_path / "logs")  # exactly one run folder...
     ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert len(ckpts) == 2 and "last.ckpt" in ckpts  # ...and one set of checkpoints
@@ -118,10 +122,9 @@ def test_two_process_ddp_fit_validates_each_image_once_and_resumes(odd_data, tmp
     # and the metric states were summed across ranks before computing: a repeated image or
     # rank 0's share alone (8 images) changes accuracy and per-class recall/precision.
     ckpt = run / "checkpoints" / "last.ckpt"
-    single = run_cli(["validate", "--config", str(run / "config.yaml"), f"--ckpt_path={ckpt}",
-                      "--trainer.devices=1", "--trainer.strategy=auto",
-                      f"--trainer.logger.init_args.save_dir={tmp_path / 'single'}"], cwd=tmp_path)
-    assert single.returncode == 0, single.stderr[-4000:]
+    assert cli(["validate", "--config", str(run / "config.yaml"), f"--ckpt_path={ckpt}",
+                "--trainer.devices=1", "--trainer.strategy=auto",
+                f"--trainer.logger.init_args.save_dir={tmp_path / 'single'}"], tmp_path) == 0
     one = _last_values(next((tmp_path / "single").rglob("events.out.tfevents*")).parent, "val/")
     print("one process:", one, "two processes:", two)
     counted = [t for t in one
@@ -162,10 +165,13 @@ def test_one_and_two_processes_with_the_same_global_batch_agree(tiny_data, tmp_p
     for name, extra in (("one", ["--data.batch_size=8", "--trainer.accelerator=cpu"]),
                         ("two", [*DDP, "--data.batch_size=4"])):
         (tmp_path / name).mkdir()
-        args = fit_args(tiny_data, *extra, "--trainer.precision=32-true",
-                        "--model.backbone=timm/test_vit", "--model.image_size=64")
-        result = run_cli(["fit", *args], cwd=tmp_path / name)
-        assert result.returncode == 0, result.stderr[-4000:]
+        args = ["fit", *fit_args(tiny_data, *extra, "--trainer.precision=32-true",
+                                 "--model.backbone=timm/test_vit", "--model.image_size=64")]
+        if name == "one":  # in this process; DDP's ranks in their own
+            assert cli(args, tmp_path / name) == 0
+        else:
+            result = run_cli(args, cwd=tmp_path / name)
+            assert result.returncode == 0, result.stderr[-4000:]
         series = scalars(only_run(tmp_path / name / "logs"))
         results.append({k: [v for _, v in series[k]] for k in ("val/acc", "val/loss")})
     print("one process:", results[0], "two processes:", results[1])

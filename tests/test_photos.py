@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
+from benchmarks import photos
 from project.common.pixels import REDUCE_FILTER, REDUCING_GAP, read_rgb
 from project.common.preprocessing import IMAGENET_STD, Preprocessing
 from project.data.datasets import ImageDataset
@@ -25,7 +24,6 @@ from project.extras.datatools.resize import main as resize_data
 from project.extras.deploy.infer import preprocess
 
 ORIENTATION = 0x0112
-REPO = Path(__file__).resolve().parents[1]
 
 
 def photo(path: Path, w: int = 1600, h: int = 1200, orientation: int | None = None, seed: int = 0,
@@ -202,13 +200,11 @@ def test_resize_data_without_any_image_fails(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_photos_benchmark_quick_prints_every_table():
-    result = subprocess.run([sys.executable, "-m", "benchmarks.photos", "--quick"], cwd=REPO,
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "## Decode" in result.stdout and "## Training loader vs model step" in result.stdout
-    assert "## Short fit" in result.stdout
-    rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+def test_photos_benchmark_quick_prints_every_table(capsys):
+    assert photos.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "## Decode" in out and "## Training loader vs model step" in out and "## Short fit" in out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line]
     names = [row.split("|")[1].strip() for row in rows]
     train = needed_side(Preprocessing(224, 0.875), (0.6, 1.0))  # the defaults of train.yaml
     for name in ("full size", f"reduced to {train} (training)", "reduced to 256 (evaluation)",

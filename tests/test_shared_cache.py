@@ -95,6 +95,8 @@ trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=1, l
                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                     limit_val_batches=0, num_sanity_val_steps=0)
 trainer.fit(Probe(), dm)
+# as the CLI does: a gloo group left open can abort the process at exit
+torch.distributed.destroy_process_group()
 """
 
 

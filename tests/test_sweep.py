@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import csv
+import io
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
 import time
-from contextlib import closing
+from contextlib import closing, redirect_stdout
 from pathlib import Path
 
 import optuna
@@ -19,13 +20,16 @@ import yaml
 from project.errors import ConfigError
 from project.extras.sweep.space import cli_value, load_space, nested
 from project.extras.sweep.study import make_pruner
-from tests.conftest import cli, fit_args, run_cli, scalars
+from tests.conftest import cli, fit_args, scalars
 
 SPACE = """\
 model.lr: {log_uniform: [0.005, 0.05]}
 data.augmentation.color_jitter: {uniform: [0.0, 0.3]}
 data.augmentation.crop_scale: {choice: [[0.6, 1.0], [0.8, 1.0]]}
 """
+
+
+SWEEP3 = ["--n_trials", "3", "--seeds", "2", "--study", "demo"]
 
 
 def _space(tmp: Path, text: str = SPACE) -> Path:
@@ -132,23 +136,24 @@ def test_a_trial_run_reports_to_its_study_through_the_public_storage_api(tmp_pat
 # -- A real sweep ---------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def sweep4(tiny_data, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """Four trials of two epochs each on tiny data, the default median pruner."""
+def sweep3(tiny_data, tmp_path_factory) -> tuple[Path, str]:
+    """Three trials of two epochs each on tiny data (the default median pruner waits for three),
+    then the best settings again with two more seeds; the sweep's printed output."""
     cwd = tmp_path_factory.mktemp("sweep")
-    result = run_cli(["sweep", "--sweep", str(_space(cwd)), "--n_trials", "4", "--study", "demo",
-                      *fit_args(tiny_data, epochs=2)], cwd=cwd)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return cwd, result
+    out = io.StringIO()
+    with redirect_stdout(out):  # the sweep here, its trials in their own processes
+        code = cli(["sweep", "--sweep", str(_space(cwd)), *SWEEP3, *fit_args(tiny_data, epochs=2)], cwd)
+    assert code == 0, out.getvalue()[-3000:]
+    return cwd, out.getvalue()
 
 
 @pytest.mark.slow
-def test_sweep_writes_study_runs_table_best_and_plots(sweep4):
-    cwd, result = sweep4
+def test_sweep_writes_study_runs_table_best_and_plots(sweep3):
+    cwd, output = sweep3
     folder = cwd / "logs/sweeps/demo"
     study = _study(cwd, "demo")
     trials = study.get_trials()
-    assert len(trials) == 4 and all(t.state.is_finished() for t in trials)
-    assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials) >= 3  # median waits for 3
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 3  # median waits for 3
     for t in trials:  # one ordinary run folder per trial, TensorBoard logs under one logdir
         run = folder / f"trial_{t.number:03d}"
         assert (run / "config.yaml").is_file() and list(run.glob("events.out.tfevents.*"))
@@ -159,47 +164,48 @@ def test_sweep_writes_study_runs_table_best_and_plots(sweep4):
         assert config["data"]["augmentation"]["crop_scale"] == crop_scale
     with open(folder / "trials.csv") as f:
         rows = list(csv.DictReader(f))
-    assert [int(r["trial"]) for r in rows] == [0, 1, 2, 3]
+    assert [int(r["trial"]) for r in rows] == [0, 1, 2]
     assert {"value", "state", "duration_s", "model.lr", "data.augmentation.crop_scale"} <= set(rows[0])
     for name in ("history.png", "curves.png"):
         assert (folder / name).stat().st_size > 1000
     best = yaml.safe_load((folder / "best.yaml").read_text())
     assert best["model"]["lr"] == pytest.approx(study.best_trial.params["model.lr"])
-    assert "--config logs/sweeps/demo/best.yaml" in result.stdout  # the ready command line
+    assert "--config logs/sweeps/demo/best.yaml" in output  # the ready command line
 
 
 @pytest.mark.slow
-def test_best_yaml_reproduces_the_best_trial(sweep4, tiny_data, tmp_path):
-    cwd, _ = sweep4
+def test_best_yaml_reproduces_the_best_trial(sweep3, tiny_data, tmp_path):
+    cwd, _ = sweep3
     best = _study(cwd, "demo").best_trial
-    result = run_cli(["fit", *fit_args(tiny_data, epochs=2), "--config",
-                      str(cwd / "logs/sweeps/demo/best.yaml")], cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert cli(["fit", *fit_args(tiny_data, epochs=2), "--config",
+                str(cwd / "logs/sweeps/demo/best.yaml")], tmp_path) == 0
     run = next((tmp_path / "logs").rglob("config.yaml")).parent
     assert max(v for _, v in scalars(run)["val/acc"]) == pytest.approx(best.value, abs=1e-6)
 
 
 @pytest.mark.slow
-def test_rerun_of_a_finished_study_trains_only_the_seed_runs(sweep4, tiny_data):
-    """The same command again: no new trial (the study holds its 4), and --seeds 2 re-runs the
-    best settings with seeds 43 and 44 and reports mean and standard deviation."""
-    cwd, _ = sweep4
-    result = run_cli(["sweep", "--sweep", str(cwd / "space.yaml"), "--n_trials", "4", "--study", "demo",
-                      "--seeds", "2", *fit_args(tiny_data, epochs=2)], cwd=cwd)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert len(_study(cwd, "demo").trials) == 4 and "trial 4:" not in result.stdout
+def test_seed_runs_of_the_best_settings_and_a_rerun_that_trains_nothing(sweep3, tiny_data, capsys):
+    """``--seeds 2`` re-ran the best settings with seeds 43 and 44 and reported mean and
+    standard deviation; the same command again starts no trial and reuses both seed runs."""
+    cwd, output = sweep3
     with open(cwd / "logs/sweeps/demo/seeds.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["seed"] for r in rows] == ["43", "44"]
     values = [float(r["value"]) for r in rows]
-    assert f"mean {sum(values) / 2:.4f}" in result.stdout and "std " in result.stdout
+    assert f"mean {sum(values) / 2:.4f}" in output and "std " in output
     best = _study(cwd, "demo").best_trial.number
     config = yaml.safe_load((cwd / f"logs/sweeps/demo/trial_{best:03d}_seed44/config.yaml").read_text())
     assert config["seed_everything"] == 44
 
+    assert cli(["sweep", "--sweep", str(cwd / "space.yaml"), *SWEEP3, *fit_args(tiny_data, epochs=2)],
+               cwd) == 0
+    again = capsys.readouterr().out
+    assert len(_study(cwd, "demo").trials) == 3 and "trial 3:" not in again
+    assert "re-running" not in again and f"mean {sum(values) / 2:.4f}" in again
+
 
 @pytest.mark.slow
-def test_pruner_stops_a_trial_with_lr_zero(tiny_data, tmp_path):
+def test_pruner_stops_a_trial_with_lr_zero(tiny_data, tmp_path, capsys):
     """Two earlier trials reached 0.9 by epoch 0; a trial that cannot learn (LR 0) is stopped
     after its first epoch of three, and recorded as PRUNED."""
     storage = f"sqlite:///{tmp_path}/logs/sweeps/prune.db"
@@ -211,19 +217,18 @@ def test_pruner_stops_a_trial_with_lr_zero(tiny_data, tmp_path):
                                                   value=0.95, intermediate_values={0: 0.9, 1: 0.95}))
     study.enqueue_trial({"model.lr": 0.0})
     space = _space(tmp_path, "model.lr: {uniform: [0.0, 0.1]}\n")
-    result = run_cli(["sweep", "--sweep", str(space), "--study", "prune", "--n_trials", "3",
-                      "--pruner", "median:2:0", *fit_args(tiny_data, epochs=3)], cwd=tmp_path)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert cli(["sweep", "--sweep", str(space), "--study", "prune", "--n_trials", "3",
+                "--pruner", "median:2:0", *fit_args(tiny_data, epochs=3)], tmp_path) == 0
     trial = _study(tmp_path, "prune").trials[2]
     assert trial.params["model.lr"] == 0.0 and trial.state == optuna.trial.TrialState.PRUNED
     assert list(trial.intermediate_values) == [0]  # stopped after epoch 0 of 3
     run = tmp_path / "logs/sweeps/prune/trial_002"
     assert len(scalars(run)["val/acc"]) == 1
-    assert "PRUNED" in result.stdout
+    assert "PRUNED" in capsys.readouterr().out
 
 
 @pytest.mark.slow
-def test_killed_sweep_resumes_without_repeating_finished_trials(tiny_data, tmp_path):
+def test_killed_sweep_resumes_without_repeating_finished_trials(tiny_data, tmp_path, capsys):
     args = [sys.executable, "-m", "project", "sweep", "--sweep", str(_space(tmp_path)), "--study", "kill",
             "--n_trials", "2", "--heartbeat", "1", "--pruner", "none", *fit_args(tiny_data, epochs=2)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -245,11 +250,10 @@ def test_killed_sweep_resumes_without_repeating_finished_trials(tiny_data, tmp_p
     first = _study(tmp_path, "kill").trials[0]
     assert _study(tmp_path, "kill").trials[1].state.name == "RUNNING"  # until its heartbeat stops
 
-    result = run_cli(args[3:], cwd=tmp_path)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert cli(args[3:], tmp_path) == 0  # the same command again
     trials = _study(tmp_path, "kill").trials
     states = [t.state.name for t in trials]
     assert states == ["COMPLETE", "FAIL", "COMPLETE"], states  # the killed one failed, then re-run
     assert trials[0].value == first.value and trials[0].datetime_complete == first.datetime_complete
-    assert "trial 0:" not in result.stdout  # not trained again
+    assert "trial 0:" not in capsys.readouterr().out  # not trained again
     assert trials[2].params == trials[1].params != trials[0].params  # the interrupted settings, retried
