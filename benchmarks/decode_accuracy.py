@@ -4,10 +4,10 @@
         [--preset scratch] [--sides 55 72]
 
 Large images are decoded with their short side reduced to what the crops need
-(``project.data.images.decode_side``); the transforms then make crops of the same size as from
-the full image. This trains the template twice per seed on each set, once as shipped and once
-with every image decoded at full size (and once per ``--sides`` value, ``data.decode_side``),
-and prints val accuracy side by side, with the per-seed difference to the full decode:
+(``FolderDataModule.short_side``, by ``needed_side``); the transforms then make crops of the
+same size as from the full image. This trains the template twice per seed on each set, once as
+shipped and once with every image decoded at full size (and once per ``--sides`` value,
+``data.decode_side``), and prints val accuracy side by side, with the per-seed difference to the full decode:
 
 - ``demo``: the demo drawn at 192 px (``python -m project.data.demo --image-size 192``) and
   trained at 48 px (training decoded at 62 px), with the defaults of ``configs/train.yaml``;
@@ -35,7 +35,7 @@ def full_decode_cli(argv: list[str]) -> int:
     from project.cli import main
     from project.data.datamodule import FolderDataModule
 
-    FolderDataModule.decode_side = lambda self, split: None
+    FolderDataModule.short_side = lambda self, split: None
     return main(argv)
 
 
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             dm = FolderDataModule(data, **preset_data_settings(presets))
             dm.model_preprocessing = Preprocessing(size)
             variants = {"full size": (FULL, []),
-                        f"reduced to {dm.decode_side('train')} (default)": (("-m", "project"), []),
+                        f"reduced to {dm.short_side('train')} (default)": (("-m", "project"), []),
                         **{f"reduced to {n}": (("-m", "project"), [f"--data.decode_side={n}"])
                            for n in a.sides}}
             full: list[float] = []
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                     walls.append(h[-1][0])
                 if decode == "full size":  # the first variant: the others are paired with it
                     full = finals
-                eval_side = dm.decode_side("val") if decode != "full size" else "full"
+                eval_side = dm.short_side("val") if decode != "full size" else "full"
                 rows.append([name, size, decode, eval_side, mean_sd(finals),
                              paired(finals, full) if finals is not full else "",
                              f"{statistics.mean(walls):.0f} s"])

@@ -118,7 +118,7 @@ def test_data_and_model_built_in_python_agree_on_the_preprocessing(tiny_data):
                         enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(model, dm)
     normalize = [t for t in dm.datasets["val"].transform.transforms if isinstance(t, v2.Normalize)][0]
-    assert tuple(normalize.mean) == (0.5, 0.5, 0.5) and dm.decode_side("val") == round(32 / 0.95)
+    assert tuple(normalize.mean) == (0.5, 0.5, 0.5) and dm.short_side("val") == round(32 / 0.95)
 
 
 def test_loaders_do_not_depend_on_the_number_of_workers(tiny_data):

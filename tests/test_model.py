@@ -18,6 +18,7 @@ from project.callbacks.finetune import FreezeBackbone
 from project.checkpoints import load_model, read_checkpoint
 from project.data import FolderDataModule
 from project.errors import CheckpointError
+from project.extras.deploy.export import export_checkpoint
 from project.model import ImageClassifier, backbones
 from project.model.classifier import batch_mixing
 from tests.conftest import CLASSES, QUICK, best_ckpt, cli, fit_args, only_run
@@ -103,13 +104,16 @@ def test_each_family_gets_a_new_head_of_the_kind_asked(name, size, head):
     assert {id(p) for p in groups["head"] + groups["head_no_decay"]} == {id(p) for p in layer.parameters()}
 
 
-def test_an_mlp_head_trains_is_kept_in_the_checkpoint_and_reloads(tiny_data, trained_run, tmp_path):
+def test_an_mlp_head_trains_exports_and_reloads_from_its_checkpoint(tiny_data, trained_run, tmp_path):
     assert cli(["fit", *fit_args(tiny_data, *QUICK, "--model.head=mlp", "--model.head_hidden=16",
                                  "--model.head_dropout=0.1", epochs=1)], tmp_path) == 0
     ckpt = best_ckpt(only_run(tmp_path / "logs"))
     model = load_model(ckpt)
     assert isinstance(model.net.fc, nn.Sequential) and model.net.fc[0].out_features == 16
     assert torch.equal(model.net.fc[3].weight, read_checkpoint(ckpt)["state_dict"]["net.fc.3.weight"])
+    # exported like the linear head: ONNX, checked against PyTorch before it is kept
+    report = export_checkpoint(ckpt, tmp_path / "export", ["onnx"], repeats=1)
+    assert report["formats"]["onnx"]["max_abs_diff"] <= 1e-4 and (tmp_path / "export/model.onnx").is_file()
     # a checkpoint whose stored head does not match its weights fails in one line, not a raw error
     broken = read_checkpoint(ckpt)
     broken["hyper_parameters"]["head"] = "linear"

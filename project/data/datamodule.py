@@ -103,7 +103,7 @@ class FolderDataModule(L.LightningDataModule):
     def train_set(self) -> ImageDataset:
         return self.datasets["train"]
 
-    def decode_side(self, split: str) -> int | None:
+    def short_side(self, split: str) -> int | None:
         """The short side the images of ``split`` are decoded at (None: full size)."""
         pre, side = self.preprocessing, self.hparams.decode_side
         if split != "train" or self.augmentation is None:
@@ -133,7 +133,7 @@ class FolderDataModule(L.LightningDataModule):
         if not samples:
             fix = folders.empty_split_fix(self.data_dir, split)
             raise ConfigError(f"the {split} split of '{self.data_dir}' is empty: {fix}")
-        side = self.decode_side(split)
+        side = self.short_side(split)
         return ImageDataset(samples, self.transform(split), self.make_cache(samples, split, side),
                             self.hparams.on_bad_image, short_side=side)
 

@@ -105,7 +105,7 @@ def write_suspects(rows: list[dict], out: Path, dm, top: int) -> None:
 
     shown = rows[:top]
     dataset = ImageDataset([Sample(r["path"], 0) for r in shown], dm.transform("val"),
-                           short_side=dm.decode_side("val"))
+                           short_side=dm.short_side("val"))
     items = [(dataset[i], r) for i, r in enumerate(shown)]
     items = [(item[0], r) for item, r in items if item is not None]
     if items:

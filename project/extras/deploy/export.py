@@ -154,7 +154,7 @@ def _export_int8(out: Path, dm, n: int, method: str) -> None:
 
     rng = np.random.default_rng(0)
     chosen = [dm.splits.train[i] for i in rng.permutation(len(dm.splits.train))[:n]]
-    dataset = ImageDataset(chosen, dm.transform("val"), short_side=dm.decode_side("val"))
+    dataset = ImageDataset(chosen, dm.transform("val"), short_side=dm.short_side("val"))
     images = (x.numpy() for x, _ in batches(dataset))
     quantize_int8(out / FILES["onnx"], out / FILES["int8"], images, method)
 

@@ -136,7 +136,7 @@ class Streamed:
                               f"has {split} images (python -m project optimize-data SRC OUT)")
         train = split == "train"
         return StreamingImages(f"{dm.data_dir.rstrip('/')}/{split}", dm.transform(split),
-                               self.manifest["splits"][split]["labels"], dm.decode_side(split),
+                               self.manifest["splits"][split]["labels"], dm.short_side(split),
                                shuffle=train, drop_last=train and dm.world()[0] > 1, seed=dm.run_seed(),
                                augment=train and dm.augmentation is not None,
                                on_bad_image=dm.hparams.on_bad_image)
