@@ -227,3 +227,13 @@ def test_gradient_norms_per_block_add_up_and_overfitting_is_hinted(tiny_data, tm
     assert min(per_block) > 0 and abs(sum(v * v for v in per_block) ** 0.5 - total) < 1e-3 * total
     assert "HINT: train/acc exceeds val/acc" in caplog.text
 
+
+
+def test_gradient_norms_are_each_tensor_s_l2_norm():
+    from project.callbacks.guards import gradient_norms
+
+    grads = [torch.randn(3, 4), torch.randn(7), torch.tensor([float("inf"), 1.0])]
+    norms = gradient_norms(grads)
+    assert norms.dtype == torch.float32 and norms.shape == (3,)
+    assert torch.allclose(norms[:2], torch.stack([g.norm() for g in grads[:2]]))
+    assert not torch.isfinite(norms[2])

@@ -66,8 +66,7 @@ class Guards(Callback):
         named = [(n, p.grad) for n, p in pl_module.named_parameters() if p.grad is not None]
         if not named:
             return
-        # one norm per tensor, one host sync per step
-        norms = torch.stack([torch.linalg.vector_norm(g.detach()).float() for _, g in named])
+        norms = gradient_norms([g.detach() for _, g in named])
         if bool(torch.isfinite(norms).all()):
             self.overflows = 0
             self.previous = (norms, [n for n, _ in named])  # read only for a diagnosis
@@ -139,3 +138,10 @@ def batch_stats(x: torch.Tensor) -> dict[str, list[float]]:
 def format_stats(stats: dict[str, list[float]]) -> str:
     """One list per statistic, a value per channel."""
     return "; ".join(f"{k} [{', '.join(f'{v:.3g}' for v in values)}]" for k, values in stats.items())
+
+
+def gradient_norms(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The L2 norm of each tensor, as one float32 vector (one host sync reads it). torch's
+    multi-tensor kernel, which ``clip_grad_norm_`` uses too, is one call for every tensor instead
+    of one per tensor (a step's cost on a fast CPU); the guard tests fail if it changes."""
+    return torch.stack(torch._foreach_norm(grads)).float()
