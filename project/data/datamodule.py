@@ -25,14 +25,16 @@ log = logging.getLogger(__name__)
 
 
 class FolderDataModule(L.LightningDataModule):
-    """Images in ``data_dir/{train,val,test}/<class>/`` (or one folder, split here), or streamed
-    from an ``optimize-data`` folder. Input size and normalisation are the attached model's
+    """Images in ``data_dir/{train,val,test}/<class>/`` (or one folder, split here), in a ``labels``
+    table, or streamed from an ``optimize-data`` folder. Input size and normalisation are the attached model's
     ``preprocessing``, so the two cannot disagree (else ``model_preprocessing``, else ImageNet's at
     224 px). configs/train.yaml explains the settings; ``seed`` None takes the run's."""
 
     def __init__(
         self,
         data_dir: str = "data/demo",
+        labels: str | None = None,
+        task: Literal["auto", "multiclass", "multilabel"] = "auto",
         batch_size: int = 64,
         num_workers: int | None = None,
         pin_memory: bool | None = None,
@@ -72,10 +74,18 @@ class FolderDataModule(L.LightningDataModule):
         self.model_preprocessing: Preprocessing | None = None
         self.datasets: dict[str, ImageDataset] = {}
         self.streaming = "://" in data_dir or (Path(data_dir) / folders.STREAMING_MANIFEST).is_file()
+        self.hparams.labels = None if labels is None else str(labels)
+        require(labels is not None or task != "multilabel", "data.task", "multilabel needs data.labels", task)
+        require(labels is None or not self.streaming, "data.labels", "is not for streamed shards", labels)
 
     @cached_property
     def splits(self) -> FolderSplits:
         hp = self.hparams
+        if hp.labels is not None:  # a table of image,label[s] rows
+            from project.data.tables import discover_table
+
+            return discover_table(hp.labels, self.data_dir, hp.task, hp.val_fraction, hp.test_fraction,
+                                  hp.split_seed)
         return folders.discover(self.data_dir, hp.val_fraction, hp.test_fraction, hp.split_seed)
 
     @property
@@ -87,6 +97,11 @@ class FolderDataModule(L.LightningDataModule):
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
+
+    @property
+    def task(self) -> str:
+        """multiclass, or multilabel (a labels table with several labels in a row, or data.task)."""
+        return "multilabel" if not self.streaming and self.splits.multilabel else "multiclass"
 
     @cached_property
     def streamed(self):  # the streaming extra: datasets and loaders of an optimized data set
@@ -190,6 +205,8 @@ class FolderDataModule(L.LightningDataModule):
         overfitting = self.trainer is not None and self.trainer.overfit_batches > 0
         weights = None
         if self.hparams.balanced_sampling and not overfitting:
+            require(self.task == "multiclass", "data.balanced_sampling", "is for one label per image "
+                    "(multi-label: model.class_weights=balanced)", True)
             weights = inverse_frequency(self.train_set.targets, self.num_classes)[self.train_set.targets]
         sampler = EpochSampler(len(self.train_set), weights, shuffle=not overfitting,
                                seed=self.run_seed(), num_replicas=world, rank=rank)

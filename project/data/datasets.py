@@ -37,7 +37,7 @@ class ImageDataset(Dataset):
         image = self.cache[index] if self.cache is not None else None
         return image if image is not None else decode(self.samples[index].path, self.short_side)
 
-    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int] | None:
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int | torch.Tensor] | None:
         index, seed = key if isinstance(key, tuple) else (key, None)
         try:
             image = self.load(index)
@@ -46,7 +46,9 @@ class ImageDataset(Dataset):
                 raise bad_image_error(self.samples[index].path, err) from err
             self.bad_flags[index] = 1
             return None
-        return seeded_transform(self.transform, image, seed), self.samples[index].label
+        label = self.samples[index].label  # multi-label: 0/1 per class, as BCE's float target
+        target = torch.tensor(label, dtype=torch.float32) if isinstance(label, tuple) else label
+        return seeded_transform(self.transform, image, seed), target
 
     def skipped_paths(self) -> list[str]:
         return [self.samples[i].path for i in self.bad_flags.nonzero().flatten().tolist()]

@@ -25,7 +25,7 @@ class DataFolderError(ProjectError, ValueError):
 @dataclass(frozen=True)
 class Sample:
     path: str
-    label: int
+    label: int | tuple[int, ...]  # a class index; multi-label: 0/1 per class (``data/tables.py``)
 
 
 @dataclass
@@ -34,6 +34,7 @@ class FolderSplits:
     train: list[Sample]
     val: list[Sample]
     test: list[Sample]
+    multilabel: bool = False
 
 
 def class_folders(root: Path) -> list[str]:

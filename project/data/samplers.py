@@ -20,8 +20,12 @@ def epoch_seed(seed: int, epoch: int) -> int:
 
 
 def inverse_frequency(targets: Sequence[int], num_classes: int) -> torch.Tensor:
-    """Per-class weights ``N / (classes x count)``; indexed by the targets, a balanced draw's."""
+    """Per-class weights ``N / (classes x count)``; indexed by the targets, a balanced draw's.
+    Multi-label (0/1 rows): negatives / positives per label, BCE's ``pos_weight``."""
     labels = torch.as_tensor(targets)
+    if labels.ndim == 2:
+        positives = labels.double().sum(0).clamp(min=1)
+        return (len(labels) - positives) / positives
     counts = torch.bincount(labels, minlength=num_classes).clamp(min=1).double()
     return counts.sum() / (num_classes * counts)
 

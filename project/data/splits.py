@@ -52,6 +52,8 @@ def stratified_split(samples: list[Sample], fraction: float, seed: int,
                      groups: list[int] | None = None) -> tuple[list[Sample], list[Sample]]:
     """Move ``fraction`` of every class aside (at least one unit of classes with two or more),
     whole units at a time."""
+    if samples and isinstance(samples[0].label, tuple):
+        return iterative_split(samples, fraction, seed, groups)
     rng = np.random.default_rng(seed)
     keep: list[Sample] = []
     held: list[Sample] = []
@@ -62,6 +64,45 @@ def stratified_split(samples: list[Sample], fraction: float, seed: int,
             n_held = min(max(n_held, 1), len(units) - 1)
         held += [samples[i] for u in order[:n_held] for i in units[u]]
         keep += [samples[i] for u in order[n_held:] for i in units[u]]
+    return keep, held
+
+
+def iterative_split(samples: list[Sample], fraction: float, seed: int,
+                    groups: list[int] | None = None) -> tuple[list[Sample], list[Sample]]:
+    """The multi-label split: iterative stratification (Sechidis et al., 2011). The rarest label
+    is dealt first, each of its units to the side that still wants most of that label, so every
+    label keeps about ``fraction`` of its images aside; whole units of identical files at a time."""
+    rng = np.random.default_rng(seed)
+    groups = groups if groups is not None else list(range(len(samples)))
+    members: dict[int, list[int]] = {}
+    for i, g in enumerate(groups):
+        members.setdefault(g, []).append(i)
+    units = list(members.values())
+    has = np.array([np.max([samples[i].label for i in u], axis=0) for u in units], dtype=bool)
+    sizes = np.array([len(u) for u in units], dtype=float)
+    share = np.array([1 - fraction, fraction])
+    wanted_label = share[:, None] * has.sum(0)[None, :]  # (side, label)
+    wanted_total = share * sizes.sum()
+    side = np.where(has.any(1), -1, -2)  # -1: to deal by label; -2: no label, by size at the end
+    while (side == -1).any():
+        left = has & (side == -1)[:, None]
+        counts = left.sum(0)
+        label = int(np.argmin(np.where(counts > 0, counts, np.iinfo(int).max)))
+        for u in rng.permutation(np.flatnonzero(left[:, label])):
+            want = wanted_label[:, label]
+            best = np.flatnonzero(want == want.max())
+            if len(best) > 1:
+                best = best[wanted_total[best] == wanted_total[best].max()]
+            s = int(rng.choice(best))
+            side[u] = s
+            wanted_label[s] -= has[u]
+            wanted_total[s] -= sizes[u]
+    for u in np.flatnonzero(side == -2):  # images without labels: by size alone
+        s = int(np.argmax(wanted_total))
+        side[u] = s
+        wanted_total[s] -= sizes[u]
+    keep = [samples[i] for u in range(len(units)) if side[u] == 0 for i in units[u]]
+    held = [samples[i] for u in range(len(units)) if side[u] == 1 for i in units[u]]
     return keep, held
 
 

@@ -1,6 +1,6 @@
 """Scan a data folder and report every problem with its path, before a run meets it at hour three.
 
-    python -m project check-data DIR        (exit 0: training can proceed; 1: it cannot)
+    python -m project check-data DIR [--labels labels.csv]   (exit 0: training can proceed; 1: it cannot)
 
 Severities: ``error`` stops training (class structure); ``skipped`` files are left out by
 training (``data.on_bad_image: skip``); ``converted`` files work but are changed on load;
@@ -99,6 +99,28 @@ def scan(data_dir: str | Path, max_pixels: float = 40e6) -> list[Finding]:
     return findings + copies(images, automatic_split=not splits and base == root)
 
 
+def scan_table(data_dir: str | Path, labels: str | Path, max_pixels: float = 40e6) -> list[Finding]:
+    """A labels table and the images it names: each problem of the table with its line (errors),
+    every listed file inspected, images no row names (warnings: not trained on), and copies."""
+    from project.data.tables import read_table, unlisted_images
+
+    table = read_table(labels, data_dir)
+    findings = [Finding("error", str(labels), p.removeprefix(f"{labels} ")) for p in table.problems]
+    images: list[tuple[str, str, str]] = []
+    for _, image, names, split in table.rows:
+        path = str(Path(data_dir) / image)
+        if not Path(path).is_file():
+            continue
+        problems = inspect_file(path, max_pixels)
+        findings += problems
+        if not any(f.severity == "skipped" for f in problems):
+            images.append((split or "train", ";".join(sorted(names)), path))
+    findings += [Finding("warning", path, f"not in {labels}: training leaves it out")
+                 for path in unlisted_images(table, data_dir)]
+    has_split = any(split for _, _, _, split in table.rows)
+    return findings + copies(images, automatic_split=not has_split)
+
+
 def copies(images: list[tuple[str, str, str]], automatic_split: bool) -> list[Finding]:
     """A warning for every image that is a byte-identical copy of an earlier one (train before
     val before test), saying what the copy does to training or to the scores."""
@@ -138,9 +160,13 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m project check-data",
                                 description=__doc__.split("\n")[0])
     p.add_argument("data_dir", nargs="?", default="data/demo")
+    p.add_argument("--labels", help="a labels table (image,label[s][,split]), as data.labels")
     p.add_argument("--max_megapixels", type=float, default=40.0)
     a = p.parse_args(argv)
-    findings = scan(a.data_dir, a.max_megapixels * 1e6)
+    if a.labels:
+        findings = scan_table(a.data_dir, a.labels, a.max_megapixels * 1e6)
+    else:
+        findings = scan(a.data_dir, a.max_megapixels * 1e6)
     print(report(findings))
     return 1 if any(f.severity == "error" for f in findings) else 0
 
