@@ -14,7 +14,7 @@ INPUT  ?= $(DEMO)/test
 DATA_DIR ?= $(DEMO)
 
 .PHONY: help install data train train-ddp resume evaluate predict export check-data overfit \
-        calibrate suspects lr-find find-batch-size profile test test-fast lint tensorboard bench bench-accuracy notebooks \
+        calibrate suspects lr-find find-batch-size profile test test-fast lint tensorboard bench bench-accuracy bench-multilabel notebooks \
         models resize-data optimize-data bench-photos sweep browser clean
 
 help: ## List the targets
@@ -106,6 +106,9 @@ bench-photos: $(STAMP) ## 12-MP photos: decode ms, loader images/s, data wait of
 
 bench-accuracy: $(STAMP) ## Accuracy per minute: template vs plain loop on real digits (about 30 min)
 	$(PY) -m benchmarks.accuracy $(ARGS)
+
+bench-multilabel: $(STAMP) ## Multi-label mAP: template vs plain BCE loop on real digit mosaics (about 15 min)
+	$(PY) -m benchmarks.multilabel $(ARGS)
 
 notebooks: $(STAMP) ## Open Jupyter on the teaching notebooks
 	$(VENV)/bin/pip install --quiet --editable ".[dev,notebooks]"

@@ -59,17 +59,21 @@ def write_digits(out: Path, size: int, classes: range = range(10), seed: int = 0
     return out
 
 
-def plain_loop(data: Path, size: int, epochs: int, seed: int, batch: int = 64) -> list[tuple[float, float]]:
-    """The minimal loop. Returns (elapsed seconds, val accuracy) after each epoch."""
-    torch.manual_seed(seed)
+def plain_transforms(size: int) -> tuple[v2.Compose, v2.Compose]:
+    """The plain loop's (train, evaluation) transforms: a random crop of 0.8-1, ImageNet statistics."""
     norm = [v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
             v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])]
-    train = datasets.ImageFolder(data / "train", v2.Compose(
-        [v2.RandomResizedCrop(size, scale=(0.8, 1.0)), *norm]))
-    val = datasets.ImageFolder(data / "val", v2.Compose(norm))
+    return v2.Compose([v2.RandomResizedCrop(size, scale=(0.8, 1.0)), *norm]), v2.Compose(norm)
+
+
+def plain_train(train, val, num_outputs: int, epochs: int, seed: int, loss_fn, score,
+                batch: int = 64) -> list[tuple[float, object]]:
+    """The loop a practitioner writes: resnet18, SGD 0.01 with momentum, per-epoch cosine, fp32.
+    ``score(net, val_loader)`` after each epoch; returns (elapsed seconds, score) per epoch."""
+    torch.manual_seed(seed)
     train_dl = DataLoader(train, batch, shuffle=True, generator=torch.Generator().manual_seed(seed))
     val_dl = DataLoader(val, 256)
-    net = models.resnet18(num_classes=len(train.classes))
+    net = models.resnet18(num_classes=num_outputs)
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, epochs)
     history, start = [], time.perf_counter()
@@ -77,16 +81,26 @@ def plain_loop(data: Path, size: int, epochs: int, seed: int, batch: int = 64) -
         net.train()
         for x, y in train_dl:
             opt.zero_grad()
-            nn.functional.cross_entropy(net(x), y).backward()
+            loss_fn(net(x), y).backward()
             opt.step()
         sched.step()
         net.eval()
-        correct = 0
         with torch.no_grad():
-            for x, y in val_dl:
-                correct += int((net(x).argmax(1) == y).sum())
-        history.append((time.perf_counter() - start, correct / len(val)))
+            history.append((time.perf_counter() - start, score(net, val_dl)))
     return history
+
+
+def plain_loop(data: Path, size: int, epochs: int, seed: int, batch: int = 64) -> list[tuple[float, float]]:
+    """The minimal loop. Returns (elapsed seconds, val accuracy) after each epoch."""
+    train_tf, eval_tf = plain_transforms(size)
+    train = datasets.ImageFolder(data / "train", train_tf)
+    val = datasets.ImageFolder(data / "val", eval_tf)
+
+    def accuracy(net: nn.Module, loader: DataLoader) -> float:
+        return sum(int((net(x).argmax(1) == y).sum()) for x, y in loader) / len(val)
+
+    return plain_train(train, val, len(train.classes), epochs, seed, nn.functional.cross_entropy, accuracy,
+                       batch)
 
 
 def plain_run(data: Path, size: int, epochs: int, seed: int) -> list[tuple[float, float]]:

@@ -50,6 +50,8 @@ def load_model(path: str | Path):
         raise CheckpointError(f"'{path}' does not fit the model its settings describe (another head or "
                               f"backbone than model.head={hparams.get('head', 'linear')}, "
                               f"{hparams.get('backbone')}): {str(err).splitlines()[0]}") from err
+    if "thresholds" in ckpt:  # a multi-label model's, fitted on the validation set
+        model.on_load_checkpoint(ckpt)
     return model.eval()
 
 

@@ -68,6 +68,7 @@ class ProjectCLI(LightningCLI):
         # The data decides the classes; the model keeps them for export and predict.
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
+        parser.link_arguments("data.task", "model.task", apply_on="instantiate")  # multiclass|multilabel
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:  # no predict: `python -m project predict` is ours
@@ -108,6 +109,10 @@ class ProjectCLI(LightningCLI):
             from project.checkpoints import check_checkpoint_classes
 
             check_checkpoint_classes(Path(ckpt), self.datamodule.class_names)
+        if self.model.task == "multilabel":
+            from project.extras.multilabel.cli import use_multilabel
+
+            use_multilabel(self.model, self.trainer)
 
 
 def cpu_has_bfloat16() -> bool:

@@ -48,6 +48,36 @@ def tiny_data(tmp_path_factory) -> Path:
                      num_classes=5, seed=1)
 
 
+@pytest.fixture(scope="session")
+def multilabel_data(tiny_data, tmp_path_factory) -> Path:
+    """120 mosaics of 2x2 cells (32 px), one to three cells filled with tiny_data's shapes, in one
+    flat folder with ``labels.csv`` (image, labels): an image's labels are the shapes it shows."""
+    import csv
+
+    import numpy as np
+    from PIL import Image
+
+    out = tmp_path_factory.mktemp("multilabel")
+    pool = sorted(tiny_data.rglob("*.png"))
+    rng = np.random.default_rng(0)
+    (out / "img").mkdir()
+    rows = []
+    for k in range(120):
+        canvas, labels = Image.new("RGB", (32, 32)), set()
+        for cell in rng.choice(4, size=rng.integers(1, 4), replace=False):
+            shape = pool[rng.integers(len(pool))]
+            labels.add(shape.parent.name)
+            tile = Image.open(shape).convert("RGB").resize((16, 16))
+            canvas.paste(tile, ((cell % 2) * 16, (cell // 2) * 16))
+        canvas.save(out / "img" / f"{k:03d}.png")
+        rows.append({"image": f"img/{k:03d}.png", "labels": ";".join(sorted(labels))})
+    with open(out / "labels.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["image", "labels"])
+        writer.writeheader()
+        writer.writerows(rows)
+    return out
+
+
 # a fit of two batches an epoch: for tests of what a run does, not of what it learns
 QUICK = ("--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1")
 

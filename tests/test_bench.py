@@ -28,3 +28,15 @@ def test_bench_quick_prints_every_table(capsys):
                                                  rows[name].split("|", 2)[2])]
         # measurements are positive; only a num_workers label may be 0
         assert numbers and min(numbers) >= 0 and numbers[-1] > 0, (name, rows[name])
+
+
+@pytest.mark.slow
+def test_multilabel_bench_quick_prints_both_sides(capsys):
+    from benchmarks import multilabel
+
+    assert multilabel.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    for name in ("plain loop (BCE, fp32)", "template defaults"):
+        row = next(line for line in out.splitlines() if line.startswith(f"| {name} |"))
+        mean_ap, exact = (float(v.strip(" %")) for v in row.split("|")[3:5])
+        assert 0 < mean_ap <= 100 and 0 <= exact <= 100, row

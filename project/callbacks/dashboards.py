@@ -51,6 +51,11 @@ class Dashboards(Callback):
         if writer is None or result is None or trainer.sanity_checking:
             return
         cm, names, step = result[f"{stage}/confusion"], pl_module.class_names, trainer.global_step
+        if pl_module.task == "multilabel":  # its error co-occurrence instead
+            from project.extras.multilabel.dashboards import log_multilabel
+
+            return log_multilabel(writer, result, names, pl_module.thresholds, stage, step,
+                                  trainer.current_epoch)
         title = f"{stage} confusion matrix (epoch {trainer.current_epoch})"
         writer.add_figure(f"{stage}/per_class/confusion_matrix", confusion_figure(cm, names, title), step)
         pairs = confused_pairs(cm, names, self.top_pairs)

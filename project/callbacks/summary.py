@@ -8,8 +8,6 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from project.model.metrics import summary_metrics
-
 log = logging.getLogger("project")
 
 
@@ -48,7 +46,7 @@ class RunSummary(Callback):
             if isinstance(logger, TensorBoardLogger):  # the HPARAMS table's metric columns
                 from torch.utils.tensorboard.summary import hparams
 
-                columns = summary_metrics(pl_module.hparams.num_classes)
+                columns = pl_module.summary_metrics
                 for summary in hparams(params, dict.fromkeys(columns, 0.0)):
                     logger.experiment.file_writer.add_summary(summary)
 
@@ -80,7 +78,7 @@ class RunSummary(Callback):
         lines = ["", "=" * 72, f"Run finished after {trainer.current_epoch} epochs "
                  f"({trainer.global_step} steps). Logs: {log_dir}"]
         lines += [f"  {key:<14} {float(metrics[key]):.4f}"
-                  for key in summary_metrics(pl_module.hparams.num_classes) if key in metrics]
+                  for key in pl_module.summary_metrics if key in metrics]
         best = monitored_checkpoint(trainer)
         if best is not None and best.best_model_path:
             lines.append(f"  best checkpoint ({best.monitor}={float(best.best_model_score):.4f}): "

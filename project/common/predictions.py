@@ -1,7 +1,7 @@
 """Prediction rows and their CSV, shared by ``predict`` (torch) and ``infer.py`` (torch-free).
 
-Torch-free on purpose: NumPy only. :func:`softmax` is the twin of
-``project.model.classifier.calibrated_probabilities``.
+Torch-free on purpose: NumPy only. :func:`softmax` and :func:`sigmoid` (multi-label)
+are the twins of ``project.model.classifier.calibrated_probabilities``.
 """
 
 from __future__ import annotations
@@ -21,11 +21,23 @@ def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     return e / e.sum(-1, keepdims=True)
 
 
-def top_k_row(path: str, probs: np.ndarray, class_names: list[str], k: int) -> dict:
-    """One CSV row: the predicted class, its probability, and the top ``k`` with theirs."""
+def sigmoid(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """Each label's ``sigmoid(logits / T)`` (multi-label), in float64."""
+    return 1.0 / (1.0 + np.exp(-np.asarray(logits, dtype=np.float64) / temperature))
+
+
+def top_k_row(path: str, probs: np.ndarray, class_names: list[str], k: int,
+              thresholds: np.ndarray | None = None) -> dict:
+    """One CSV row: the predicted class, its probability, and the top ``k`` with theirs.
+    Multi-label (``thresholds`` given): ``predicted`` holds every label at or above its
+    threshold, most probable first, separated by ``;`` (empty: none), and ``confidence`` the
+    top label's probability."""
     order = np.argsort(-probs, kind="stable")[:k]
-    row = {"path": path, "predicted": class_names[order[0]], "confidence": f"{probs[order[0]]:.6f}",
-           "error": ""}
+    predicted = class_names[order[0]]
+    if thresholds is not None:
+        above = [c for c in np.argsort(-probs, kind="stable") if probs[c] >= thresholds[c]]
+        predicted = ";".join(class_names[c] for c in above)
+    row = {"path": path, "predicted": predicted, "confidence": f"{probs[order[0]]:.6f}", "error": ""}
     for rank, c in enumerate(order, 1):
         row[f"top{rank}"] = class_names[c]
         row[f"top{rank}_prob"] = f"{probs[c]:.6f}"

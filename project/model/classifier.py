@@ -16,7 +16,7 @@ from torchvision.transforms import v2
 from project.data.samplers import inverse_frequency
 from project.errors import ConfigError, require
 from project.model import backbones, schedule
-from project.model.metrics import StageMetrics
+from project.model.metrics import StageMetrics, summary_metrics
 from project.model.param_groups import make_param_groups
 
 log = logging.getLogger("project")
@@ -34,6 +34,8 @@ class ImageClassifier(L.LightningModule):
         self,
         num_classes: int = 2,
         class_names: list[str] | None = None,
+        task: Literal["multiclass", "multilabel"] = "multiclass",
+        multilabel_loss: Literal["bce", "asymmetric"] = "bce",
         backbone: str = "resnet18",
         weights: str | None = "DEFAULT",
         head: backbones.HeadKind = "linear",
@@ -92,9 +94,15 @@ class ImageClassifier(L.LightningModule):
         self.mixing = batch_mixing(num_classes, mixup_alpha, cutmix_alpha)
         self.register_buffer("class_weight", torch.ones(num_classes))  # in the checkpoint, for evaluate
         self.register_buffer("temperature", torch.ones(()))  # fitted by `python -m project calibrate`
+        self.criterion = functools.partial(nn.functional.cross_entropy, label_smoothing=label_smoothing)
+        self.task, self.monitor, self.summary_metrics = task, "val/acc", summary_metrics(num_classes)
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_metrics = StageMetrics("val", self.class_names)
         self.test_metrics = StageMetrics("test", self.class_names)
+        if task == "multilabel":  # its loss, metrics and thresholds: project/extras/multilabel/task.py
+            from project.extras.multilabel.task import make_multilabel
+
+            make_multilabel(self)
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # in checkpoints: a resumed run keeps its best so far
         self.results: dict[str, dict[str, torch.Tensor]] = {}  # last computed, for callbacks
@@ -109,10 +117,9 @@ class ImageClassifier(L.LightningModule):
         return self.net(x)
 
     def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy with the class weights and label smoothing (training and evaluation)."""
+        """The criterion (cross-entropy; multi-label: BCE) with the class weights and label smoothing."""
         weight = self.class_weight if self.hparams.class_weights is not None else None
-        return nn.functional.cross_entropy(logits, target, weight=weight,
-                                           label_smoothing=self.hparams.label_smoothing)
+        return self.criterion(logits, target, weight=weight)
 
     def setup(self, stage: str) -> None:
         weights = self.hparams.class_weights
@@ -156,8 +163,8 @@ class ImageClassifier(L.LightningModule):
         if self.trainer.sanity_checking:
             return
         if metrics.stage == "val":
-            self.val_acc_best(values["val/acc"])
-            values["val/acc_best"] = self.val_acc_best.compute()
+            self.val_acc_best(values[self.monitor])
+            values[f"{self.monitor}_best"] = self.val_acc_best.compute()
         self.results[metrics.stage] = {k: v.detach().cpu() for k, v in values.items()}
         self.log_dict({k: v for k, v in values.items() if v.numel() == 1}, sync_dist=True)
 
@@ -198,15 +205,26 @@ class ImageClassifier(L.LightningModule):
         scheduler = schedule.DeferredScheduler(opt, self.scheduler_factory.fn)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
+    def on_save_checkpoint(self, checkpoint: dict) -> None:  # beside the weights: EMA swaps those
+        if self.task == "multilabel":
+            checkpoint["thresholds"] = self.thresholds.tolist()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if "thresholds" in checkpoint:
+            self.thresholds.copy_(torch.tensor(checkpoint["thresholds"]))
+
     def on_train_start(self) -> None:
         for config in self.trainer.lr_scheduler_configs:  # the run's lengths are known now
             if isinstance(config.scheduler, schedule.DeferredScheduler):
                 config.scheduler.build(schedule.run_lengths(self.trainer))
 
 
-def calibrated_probabilities(logits: torch.Tensor, temperature: torch.Tensor | float = 1.0) -> torch.Tensor:
-    """``softmax(logits / T)``, as every command reports it (``common.predictions.softmax``: NumPy)."""
-    return (logits.float() / temperature).softmax(-1)
+def calibrated_probabilities(logits: torch.Tensor, temperature: torch.Tensor | float = 1.0,
+                             multilabel: bool = False) -> torch.Tensor:
+    """``softmax(logits / T)``, as every command reports it (``common.predictions.softmax``: NumPy);
+    multi-label: each label's ``sigmoid(logits / T)``."""
+    z = logits.float() / temperature
+    return z.sigmoid() if multilabel else z.softmax(-1)
 
 
 def batch_mixing(num_classes: int, mixup_alpha: float, cutmix_alpha: float) -> v2.Transform | None:

@@ -26,6 +26,7 @@ from torch import nn
 from torch.utils.data import Dataset
 from torchmetrics.functional.classification import multiclass_calibration_error
 
+from project.checkpoints import read_checkpoint
 from project.common.files import atomic_path
 from project.errors import ProjectError
 from project.extras.analysis.predictions import predict_dataset
@@ -124,8 +125,6 @@ def ensure_temperature(ckpt_path: Path, data_dir: str | None = None, batch_size:
     """Fit the temperature once, when the checkpoint has none: evaluate reports calibrated
     confidences, and predict and export use them from then on. Without the run's validation
     images it stays 1, with a notice."""
-    from project.checkpoints import read_checkpoint
-
     if "calibration" in read_checkpoint(ckpt_path, mmap=True):
         return
     try:
@@ -138,8 +137,6 @@ def ensure_temperature(ckpt_path: Path, data_dir: str | None = None, batch_size:
 
 def write_temperature(ckpt_path: Path, numbers: dict) -> None:
     """Store T in the checkpoint's weights (and the raw weights kept for resuming), atomically."""
-    from project.checkpoints import read_checkpoint
-
     ckpt = read_checkpoint(ckpt_path)
     t = torch.tensor(float(numbers["temperature"]))
     for key in ("state_dict", "current_model_state"):  # the latter: EMA's raw weights
@@ -168,6 +165,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     a = p.parse_args(argv)
     ckpt = resolve_checkpoint(a.ckpt_path)
+    if (read_checkpoint(ckpt, mmap=True).get("hyper_parameters") or {}).get("task") == "multilabel":
+        raise ProjectError(f"calibrate: '{ckpt}' is a multi-label model; temperature scaling is for one "
+                           "softmax over the classes, and its labels' thresholds were fitted on the "
+                           "validation set during training (they are in the checkpoint)")
     numbers = calibrate_checkpoint(ckpt, a.data_dir, batch_size=a.batch_size, device=a.device)
     print(format_numbers(numbers))
     print(f"Stored in {ckpt}: predict, evaluate and export now use it.")

@@ -32,8 +32,9 @@ def main(argv: list[str]) -> int:
     run = ckpt.parent.parent
     if a.tta == "hflip":
         check_mirror_tta(read_checkpoint(ckpt, mmap=True).get("datamodule_hyper_parameters") or {})
-    if int(os.environ.get("RANK", 0)) == 0:  # under torchrun every rank runs this command
-        ensure_temperature(ckpt)
+    multilabel = (read_checkpoint(ckpt, mmap=True).get("hyper_parameters") or {}).get("task") == "multilabel"
+    if int(os.environ.get("RANK", 0)) == 0 and not multilabel:  # under torchrun every rank runs it
+        ensure_temperature(ckpt)  # multi-label: per-label thresholds instead, fitted in training
     cli = ProjectCLI(args=["test", "--config", str(run_config(run)), f"--ckpt_path={ckpt}",
                            "--verbose=false", *overrides], run_dir=run)
     if not cli.trainer.is_global_zero:
@@ -41,6 +42,12 @@ def main(argv: list[str]) -> int:
     model, dm = cli.model, cli.datamodule
     samples = predict_dataset(model, dm.datasets["test"], dm.batch_size, model.device,
                               mirrored=a.tta == "hflip")
+    if multilabel:
+        from project.extras.multilabel.report import write_multilabel_report
+
+        write_multilabel_report(model.results["test"], model.class_names, str(ckpt), Path(ckpt).parent,
+                                samples, dm.datasets["test"], model.thresholds)
+        return 0
     write_report(model.results["test"], model.class_names, str(ckpt), Path(ckpt).parent, samples,
                  dm.datasets["test"], float(model.temperature), model.preprocessing, a.top)
     return 0

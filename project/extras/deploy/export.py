@@ -57,6 +57,16 @@ def accuracy(run: Callable[[torch.Tensor], np.ndarray], batches) -> float | None
     return correct / total if total else None
 
 
+def mean_ap(run: Callable[[torch.Tensor], np.ndarray], batches) -> float | None:
+    """A multi-label model's macro mAP (over the labels present), as training logs ``val/map``."""
+    from project.extras.multilabel.task import per_label_ap
+
+    parts = [(torch.from_numpy(np.asarray(run(x))).sigmoid(), y) for x, y in batches]
+    if not parts:
+        return None
+    return float(per_label_ap(torch.cat([p for p, _ in parts]), torch.cat([y for _, y in parts])).nanmean())
+
+
 def median_ms(run: Callable[[torch.Tensor], object], x: torch.Tensor, repeats: int) -> float:
     for _ in range(3):  # warm-up: allocations, kernel selection, caches
         run(x)
@@ -89,6 +99,8 @@ def export_checkpoint(ckpt_path: Path, out: Path, formats: list[str], data_dir: 
     if "int8" in formats and "onnx" not in formats:
         formats = ["onnx", *formats]
     size = hp.image_size
+    # what the formats are compared on: accuracy, or a multi-label model's mAP
+    metric, score = ("val_map", mean_ap) if model.task == "multilabel" else ("val_acc", accuracy)
     val = dm.make_dataset("val") if splits is not None and splits.val else None
 
     def val_batches():
@@ -103,7 +115,7 @@ def export_checkpoint(ckpt_path: Path, out: Path, formats: list[str], data_dir: 
             "file": file.name if file else None,
             "size_mb": round(file.stat().st_size / 2**20, 3) if file else None,
             "max_abs_diff": diff,
-            "val_acc": accuracy(run, val_batches()),
+            metric: score(run, val_batches()),
             **{f"latency_ms_b{b}": round(median_ms(run, x, repeats), 3) for b, x in inputs.items()},
         }
 
@@ -123,7 +135,7 @@ def export_checkpoint(ckpt_path: Path, out: Path, formats: list[str], data_dir: 
                     diff = float(max(np.abs(run(x) - net(x).numpy()).max()
                                      for x in exporters.parity_inputs(size)))
                     measure(name, run, path, diff)
-                    _check_int8_accuracy(rows, int8_max_drop, path)
+                    _check_int8_accuracy(rows, int8_max_drop, path, metric)
                 elif name == "torchscript":
                     diff = exporters.export_torchscript(net, path, size, tolerance)
                     loaded = torch.jit.load(str(path))
@@ -139,7 +151,8 @@ def export_checkpoint(ckpt_path: Path, out: Path, formats: list[str], data_dir: 
         print(f"Notice: {len(val.skipped_paths())} validation images could not be decoded and are not in "
               "the accuracies (python -m project check-data lists them)")
     report = {"checkpoint": str(ckpt_path), "threads": threads, "image_size": size,
-              "class_names": model.class_names, "formats": rows,
+              "class_names": model.class_names, "formats": rows, "metric": metric,
+              "probabilities": "sigmoid" if model.task == "multilabel" else "softmax",
               # every format outputs raw logits; probabilities are softmax(logits / temperature)
               "temperature": float(model.temperature),
               "latency": f"median of {repeats} runs after 3 warm-up runs, {threads} threads"}
@@ -159,12 +172,13 @@ def _export_int8(out: Path, dm, n: int, method: str) -> None:
     quantize_int8(out / FILES["onnx"], out / FILES["int8"], images, method)
 
 
-def _check_int8_accuracy(rows: dict, max_drop: float, path: Path) -> None:
-    fp32, int8 = rows["onnx"]["val_acc"], rows["int8"]["val_acc"]
+def _check_int8_accuracy(rows: dict, max_drop: float, path: Path, metric: str = "val_acc") -> None:
+    fp32, int8 = rows["onnx"][metric], rows["int8"][metric]
     if fp32 is not None and int8 is not None and fp32 - int8 > max_drop:
         path.unlink(missing_ok=True)
+        what = "mAP" if metric == "val_map" else "accuracy"
         raise exporters.ExportError(
-            f"INT8 validation accuracy {int8:.4f} is {fp32 - int8:.4f} below FP32 ({fp32:.4f}), "
+            f"INT8 validation {what} {int8:.4f} is {fp32 - int8:.4f} below FP32 ({fp32:.4f}), "
             f"more than --int8_max_drop={max_drop}; try --calibration_method percentile or more "
             "--calibration_images (the INT8 file was removed)"
         )
@@ -173,17 +187,17 @@ def _check_int8_accuracy(rows: dict, max_drop: float, path: Path) -> None:
 def _write_report(out: Path, report: dict) -> None:
     lines = [f"# Export report\n\nCheckpoint: `{report['checkpoint']}`  \n"
              f"Latency: {report['latency']}.  \n"
-             f"Outputs are logits; calibrated probabilities are softmax(logits / "
+             f"Outputs are logits; calibrated probabilities are {report['probabilities']}(logits / "
              f"{report['temperature']:.6g}) (the temperature is in model.onnx's metadata).\n",
-             "| format | file | size (MB) | max abs diff vs PyTorch | val acc | "
-             "latency b1 (ms) | latency b32 (ms) |", "|---|---|---|---|---|---|---|"]
+             f"| format | file | size (MB) | max abs diff vs PyTorch | {report['metric'].replace('_', ' ')} "
+             "| latency b1 (ms) | latency b32 (ms) |", "|---|---|---|---|---|---|---|"]
 
     def cell(v, fmt):
         return "-" if v is None else format(v, fmt)
 
     for name, r in report["formats"].items():
         lines.append(f"| {name} | {r['file'] or '-'} | {cell(r['size_mb'], '.2f')} | "
-                     f"{cell(r['max_abs_diff'], '.2e')} | {cell(r['val_acc'], '.4f')} | "
+                     f"{cell(r['max_abs_diff'], '.2e')} | {cell(r[report['metric']], '.4f')} | "
                      f"{r['latency_ms_b1']:.2f} | {r['latency_ms_b32']:.2f} |")
     for name, text in (("export_report.json", json.dumps(report, indent=2)),
                        ("export_report.md", "\n".join(lines) + "\n")):

@@ -49,7 +49,7 @@ def check_parity(name: str, reference: nn.Module, run: Callable[[torch.Tensor], 
 
 def onnx_metadata(model) -> dict[str, str]:
     """What a deployment needs to preprocess and name the outputs, stored in the file."""
-    return {
+    meta = {
         "class_names": json.dumps(model.class_names),
         **to_metadata(model.preprocessing),
         "backbone": model.hparams.backbone,
@@ -57,7 +57,13 @@ def onnx_metadata(model) -> dict[str, str]:
         "temperature": repr(float(getattr(model, "temperature", 1.0))),
         "input": "float32 NCHW RGB, scaled to 0..1 then normalised with mean/std",
         "output": "logits; calibrated probabilities are softmax(logits / temperature)",
+        "task": getattr(model, "task", "multiclass"),
     }
+    if meta["task"] == "multilabel":  # one sigmoid per label; a label is predicted at its threshold
+        meta["thresholds"] = json.dumps([float(t) for t in model.thresholds])
+        meta["output"] = ("logits; label probabilities are sigmoid(logits / temperature), a label "
+                          "predicted at or above its threshold")
+    return meta
 
 
 def ort_runner(session) -> Callable[[torch.Tensor], np.ndarray]:

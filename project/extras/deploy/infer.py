@@ -6,8 +6,9 @@ For deployment, copy this file, ``project/common/``, ``project/errors.py``, the 
 ``__init__.py`` files of ``project/``, ``project/extras/`` and ``project/extras/deploy/``, and the
 .onnx file;
 the preprocessing (input size, crop ratio, interpolation, mean and std), the class names and the
-temperature are read from the model's metadata. Probabilities are ``softmax(logits /
-temperature)``, as ``predict`` gives them, and the CSV has ``predict``'s columns.
+temperature (multi-label: the task and each label's threshold) are read from the model's
+metadata. Probabilities are ``softmax(logits / temperature)`` (multi-label: ``sigmoid``), as
+``predict`` gives them, and the CSV has ``predict``'s columns.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from PIL import Image
 
 from project.common.files import list_images
 from project.common.pixels import DECODE_ERRORS, read_rgb
-from project.common.predictions import error_row, softmax, top_k_row, write_csv
+from project.common.predictions import error_row, sigmoid, softmax, top_k_row, write_csv
 from project.common.preprocessing import Preprocessing
 
 RESAMPLING = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC,
@@ -66,6 +67,8 @@ class OnnxClassifier:
             raise ValueError(f"{model_path}: metadata temperature must be above 0, got "
                              f"{meta['temperature']!r}")
         self.input_name = self.session.get_inputs()[0].name
+        self.thresholds = (np.asarray(json.loads(meta["thresholds"]), np.float64)
+                           if meta.get("task") == "multilabel" else None)  # None: one class per image
 
     def read(self, path: str) -> np.ndarray:
         """The image at ``path``, decoded as training's evaluation decodes it (same pixels)."""
@@ -76,6 +79,8 @@ class OnnxClassifier:
         return self.session.run(None, {self.input_name: batch})[0]
 
     def probabilities(self, images: list[np.ndarray]) -> np.ndarray:
+        if self.thresholds is not None:
+            return sigmoid(self.logits(images), self.temperature)
         return softmax(self.logits(images), self.temperature)
 
 
@@ -110,7 +115,7 @@ def classify(model: OnnxClassifier, paths: list[str], top_k: int = 3, batch_size
                 rows[path] = error_row(path, f"{type(err).__name__}: {err}")
         if images:
             for path, p in zip(good, model.probabilities(images), strict=True):
-                rows[path] = top_k_row(path, p, model.class_names, k)
+                rows[path] = top_k_row(path, p, model.class_names, k, model.thresholds)
     return [rows[p] for p in paths]
 
 

@@ -4,7 +4,8 @@
 
 Uses the preprocessing, class names and temperature stored in the checkpoint, so it needs
 neither the training data nor a config; ``confidence`` is the calibrated probability
-``softmax(logits / temperature)`` (temperature 1 until ``evaluate`` or ``calibrate`` fits it).
+``softmax(logits / temperature)`` (temperature 1 until ``evaluate`` or ``calibrate`` fits it);
+for a multi-label model ``predicted`` lists the labels at or above their thresholds.
 The CSV is the one ``infer.py`` writes from an exported ONNX file.
 """
 
@@ -46,11 +47,13 @@ def predict_files(model, paths: list[str], top_k: int = 3, batch_size: int = 64,
         out = predict_dataset(model, dataset, batch_size, device, num_workers, mirrored=tta)
     except ProjectError:  # not one decodable image: every row says why
         return [error_row(p, decode_error(p)) for p in paths]
-    probs = calibrated_probabilities(out["logits"], model.temperature.cpu())
+    multilabel = model.task == "multilabel"
+    probs = calibrated_probabilities(out["logits"], model.temperature.cpu(), multilabel)
     if tta:  # the mean probabilities of each image and its mirror image
-        probs = (probs + calibrated_probabilities(out["mirrored"], model.temperature.cpu())) / 2
+        probs = (probs + calibrated_probabilities(out["mirrored"], model.temperature.cpu(), multilabel)) / 2
     k = min(top_k, len(model.class_names))
-    rows = {int(i): top_k_row(paths[int(i)], p, model.class_names, k)
+    thresholds = model.thresholds.double().numpy() if multilabel else None
+    rows = {int(i): top_k_row(paths[int(i)], p, model.class_names, k, thresholds)
             for i, p in zip(out["index"], probs.double().numpy(), strict=True)}
     return [rows.get(i) or error_row(paths[i], decode_error(paths[i])) for i in range(len(paths))]
 

@@ -39,7 +39,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--study", default=None, help="study name (default: the sweep file's name)")
     p.add_argument("--storage", default=None,
                    help="database URL shared by workers (default: sqlite:///logs/sweeps/STUDY.db)")
-    p.add_argument("--metric", default="val/acc", help="the validation metric to optimise")
+    p.add_argument("--metric", default=None,
+                   help="the validation metric to optimise (default val/acc; multi-label data: val/map)")
     p.add_argument("--direction", default="max", choices=sorted(DIRECTIONS))
     p.add_argument("--pruner", default="median:3:1",
                    help="median[:STARTUP_TRIALS[:WARMUP_EPOCHS]], halving[:WARMUP_EPOCHS] or none")
@@ -66,6 +67,7 @@ def main(argv: list[str]) -> int:
     folder = SWEEP_ROOT / name
     # before any trial or database: every key and value, and the trial's own arguments
     config = check_against_config(space, base_args, a.sweep, tuple(TRIAL_ARGS))
+    a.metric = a.metric or default_metric(config)
     url = storage_url(name, a.storage)
     study = open_study(name, url, direction, a.pruner, a.heartbeat, a.sampler_seed)
     check_same_settings(study, json.loads(json.dumps({
@@ -86,6 +88,17 @@ def main(argv: list[str]) -> int:
     if best_command and a.seeds and not interrupted:
         seed_runs(study, space, runner, int(config.get("seed_everything") or 0), a.seeds, a.metric, folder)
     return 130 if interrupted else 0
+
+
+def default_metric(config) -> str:
+    """What the best checkpoint is chosen by: val/acc, or val/map for multi-label data."""
+    labels = config.get("data.labels")
+    if labels:
+        from project.data.tables import read_table
+
+        if read_table(labels, config.get("data.data_dir")).multilabel(config.get("data.task") or "auto"):
+            return "val/map"
+    return "val/acc"
 
 
 def report(study, space: list[Param], base_args: list[str], metric: str, folder: Path) -> str | None:

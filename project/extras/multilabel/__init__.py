@@ -1,0 +1,1 @@
+"""Multi-label classification: see project/extras/multilabel/task.py."""

@@ -1,0 +1,153 @@
+"""The multi-label task (``model.task: multilabel``): one sigmoid per label, BCE (or the
+asymmetric loss), mAP and metrics at per-label thresholds fitted on the validation set.
+
+The classifier imports this module only for a multi-label model; the single-label path never
+loads it. The thresholds maximise each label's F1 on the validation set; they travel in the
+checkpoint and the ONNX metadata, so predict, infer.py and evaluate's test split use them.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+from torchmetrics import CatMetric, MeanMetric
+from torchmetrics.classification import MultilabelExactMatch
+from torchmetrics.functional.classification import (
+    multilabel_average_precision,
+    multilabel_exact_match,
+    multilabel_f1_score,
+    multilabel_precision,
+    multilabel_precision_recall_curve,
+    multilabel_recall,
+)
+
+from project.errors import require
+
+THRESHOLD_GRID = torch.linspace(0.02, 0.98, 49)  # a grid: robust to a small validation set
+
+
+def make_multilabel(model) -> None:
+    """Turn an ``ImageClassifier`` into a multi-label one: its criterion, metrics (val fits the
+    thresholds, test applies them), the metric its best checkpoint is chosen by, its summary."""
+    hp, n = model.hparams, model.hparams.num_classes
+    require(hp.mixup_alpha == hp.cutmix_alpha == 0, "model.mixup_alpha/cutmix_alpha", "must be 0 for "
+            "multi-label data (torchvision's MixUp and CutMix mix one class per image)",
+            (hp.mixup_alpha, hp.cutmix_alpha))
+    model.criterion = functools.partial(multilabel_loss, label_smoothing=hp.label_smoothing,
+                                        kind=hp.multilabel_loss)
+    model.monitor = "val/map"
+    model.summary_metrics = ["val/map_best", "val/map", "val/map_micro", "val/acc", "val/f1", "val/loss"]
+    model.thresholds = torch.full((n,), 0.5)  # in the checkpoint (``on_save_checkpoint``)
+    model.train_acc = MultilabelExactMatch(n)
+    model.val_metrics = MultilabelStageMetrics("val", model.class_names, model.thresholds, fit=True)
+    model.test_metrics = MultilabelStageMetrics("test", model.class_names, model.thresholds)
+
+
+def multilabel_loss(logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None,
+                    label_smoothing: float = 0.0, kind: str = "bce") -> torch.Tensor:
+    """Mean binary cross-entropy over images and labels (or the asymmetric loss), the class
+    weights as each label's positive weight; label smoothing moves each 0/1 target
+    ``label_smoothing / 2`` towards 0.5."""
+    target = target.float()
+    if label_smoothing:
+        target = target * (1 - label_smoothing) + label_smoothing / 2
+    if kind == "asymmetric":
+        return asymmetric_loss(logits, target, weight)
+    return nn.functional.binary_cross_entropy_with_logits(logits.float(), target, pos_weight=weight)
+
+
+def asymmetric_loss(logits: torch.Tensor, target: torch.Tensor, pos_weight: torch.Tensor | None = None,
+                    gamma_neg: float = 4.0, gamma_pos: float = 0.0, clip: float = 0.05) -> torch.Tensor:
+    """Ridnik et al. (2021): most labels are absent from most images; their easy negatives are
+    down-weighted (focusing ``gamma_neg``) and the easiest discarded (probability margin ``clip``).
+    A mean over images and labels, like BCE, so the learning rate carries over."""
+    p = torch.sigmoid(logits.float())
+    p_neg = (p - clip).clamp(min=0)
+    positive = target * torch.log(p.clamp(min=1e-8)) * (1 - p) ** gamma_pos
+    if pos_weight is not None:
+        positive = positive * pos_weight
+    negative = (1 - target) * torch.log((1 - p_neg).clamp(min=1e-8)) * p_neg ** gamma_neg
+    return -(positive + negative).mean()
+
+
+def fit_thresholds(probs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Each label's F1-maximising threshold on the grid; 0.5 for a label without positives."""
+    n = probs.shape[1]
+    precision, recall, grid = multilabel_precision_recall_curve(probs, targets.int(), n,
+                                                                thresholds=THRESHOLD_GRID.to(probs.device))
+    precision, recall = precision[:, :-1].nan_to_num(0), recall[:, :-1]
+    f1 = 2 * precision * recall / (precision + recall).clamp(min=1e-12)
+    best = grid[f1.argmax(1)]
+    return torch.where(targets.sum(0) > 0, best, torch.full_like(best, 0.5)).cpu()
+
+
+def decisions(probs: torch.Tensor, thresholds: torch.Tensor) -> torch.Tensor:
+    """1 where a label's probability reaches its threshold."""
+    return (probs >= thresholds.to(probs.device)).int()
+
+
+def error_cooccurrence(predicted: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """(labels x labels): how often label *i* was missed in an image where label *j* was wrongly
+    predicted: the multi-label confusion matrix (what a missed label is taken for)."""
+    missed = (targets.bool() & ~predicted.bool()).double()
+    false = (predicted.bool() & ~targets.bool()).double()
+    return (missed.T @ false).long()
+
+
+def per_label_ap(probs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Average precision of each label; NaN for a label without positives here."""
+    ap = multilabel_average_precision(probs, targets.int(), probs.shape[1], average=None)
+    return torch.where(targets.sum(0) > 0, ap, torch.full_like(ap, float("nan")))
+
+
+def scores(probs: torch.Tensor, targets: torch.Tensor, thresholds: torch.Tensor,
+           prefix: str = "") -> dict[str, torch.Tensor]:
+    """mAP (macro over the labels present, and micro), and at the thresholds: exact match
+    (``acc``: every label of the image right), macro F1, precision and recall."""
+    targets, n = targets.int(), probs.shape[1]
+    ap = per_label_ap(probs, targets)
+    binary = decisions(probs, thresholds)
+    kw = {"num_labels": n, "threshold": 0.5}
+    return {f"{prefix}map": ap.nanmean(),
+            f"{prefix}map_micro": multilabel_average_precision(probs, targets, n, average="micro"),
+            f"{prefix}acc": multilabel_exact_match(binary, targets, **kw),
+            f"{prefix}f1": multilabel_f1_score(binary, targets, average="macro", **kw),
+            f"{prefix}precision": multilabel_precision(binary, targets, average="macro", **kw),
+            f"{prefix}recall": multilabel_recall(binary, targets, average="macro", **kw)}
+
+
+class MultilabelStageMetrics(nn.Module):
+    """What one stage (val or test) measures, like ``StageMetrics``: the probabilities and targets
+    of the whole split are kept (gathered across ranks), since thresholds and AP need all of them.
+    ``thresholds`` is the model's tensor: with ``fit`` (validation) refitted in place each epoch."""
+
+    def __init__(self, stage: str, class_names: list[str], thresholds: torch.Tensor,
+                 fit: bool = False) -> None:
+        super().__init__()
+        self.stage, self.class_names, self.thresholds, self.fit = stage, list(class_names), thresholds, fit
+        self.probs, self.targets, self.loss = CatMetric(), CatMetric(), MeanMetric()
+
+    def update(self, logits: torch.Tensor, target: torch.Tensor, loss: torch.Tensor) -> None:
+        self.probs.update(torch.sigmoid(logits.float()))
+        self.targets.update(target.float())
+        self.loss.update(loss, len(target))
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        """Every value, synced across ranks, then reset."""
+        n = len(self.class_names)
+        probs = self.probs.compute().reshape(-1, n)
+        targets = self.targets.compute().reshape(-1, n).int()
+        if self.fit:
+            self.thresholds.copy_(fit_thresholds(probs, targets))
+        thresholds = self.thresholds
+        values = scores(probs, targets, thresholds, f"{self.stage}/")
+        for name, ap in zip(self.class_names, per_label_ap(probs, targets), strict=True):
+            if not ap.isnan():
+                values[f"{self.stage}/per_class/ap/{name}"] = ap
+        values[f"{self.stage}/loss"] = self.loss.compute()
+        values[f"{self.stage}/confusion"] = error_cooccurrence(decisions(probs, thresholds), targets)
+        for metric in (self.probs, self.targets, self.loss):
+            metric.reset()
+        return values

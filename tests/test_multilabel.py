@@ -1,0 +1,227 @@
+"""Labels from a table (data.labels) and multi-label training, end to end on tiny data."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from project.checkpoints import load_model, read_checkpoint
+from project.data.folders import Sample
+from project.data.splits import iterative_split
+from project.data.tables import discover_table
+from project.extras.deploy.export import export_checkpoint
+from project.extras.deploy.exporters import ExportError
+from project.extras.deploy.infer import main as infer_main
+from project.extras.multilabel.task import fit_thresholds, scores
+from tests.conftest import QUICK, best_ckpt, cli, fit_args, only_run, scalars
+
+ML_ARGS = ("--model.crop_ratio=1.0",)  # 32-px mosaics at 32 px: predict and infer read the same pixels
+
+
+def _rows(path: Path) -> list[dict]:
+    return list(csv.DictReader(path.open()))
+
+
+def test_a_labels_table_over_a_flat_folder_trains_like_class_folders(tiny_data, tmp_path):
+    folders, flat = tmp_path / "folders", tmp_path / "flat"
+    rows = []
+    for image in sorted((tiny_data / "train").rglob("*.png")):
+        cls = image.parent.name
+        (folders / cls).mkdir(parents=True, exist_ok=True)
+        shutil.copy(image, folders / cls / image.name)
+        (flat / "images").mkdir(parents=True, exist_ok=True)
+        shutil.copy(image, flat / "images" / image.name)
+        rows.append(f"images/{image.name},{cls}")
+    (flat / "labels.csv").write_text("image,label\n" + "\n".join(reversed(rows)) + "\n")
+    from project.data.folders import discover
+
+    by_folder, by_table = discover(folders), discover_table(flat / "labels.csv", flat)
+    assert by_table.classes == by_folder.classes and not by_table.multilabel
+    for split in ("train", "val", "test"):  # the same seeded split, whatever the row order
+        assert [(Path(s.path).name, s.label) for s in getattr(by_table, split)] == \
+               [(Path(s.path).name, s.label) for s in getattr(by_folder, split)]
+    results = {}
+    for name, extra in (("folders", ()), ("flat", (f"--data.labels={flat / 'labels.csv'}",))):
+        cwd = tmp_path / f"run-{name}"
+        cwd.mkdir()
+        data = folders if name == "folders" else flat
+        assert cli(["fit", *fit_args(data, *QUICK, *extra, epochs=1)], cwd) == 0
+        results[name] = scalars(only_run(cwd / "logs"))
+    assert results["flat"]["val/acc"] == results["folders"]["val/acc"]
+    assert results["flat"]["val/loss"] == results["folders"]["val/loss"]
+
+
+@pytest.fixture(scope="module")
+def multilabel_run(multilabel_data, tmp_path_factory) -> Path:
+    cwd = tmp_path_factory.mktemp("ml-run")
+    labels = multilabel_data / "labels.csv"
+    assert cli(["fit", *fit_args(multilabel_data, f"--data.labels={labels}", *ML_ARGS, epochs=3)], cwd) == 0
+    return only_run(cwd / "logs")
+
+
+def test_a_multilabel_table_trains_with_map_and_thresholds_in_the_checkpoint(multilabel_run, capsys):
+    series = scalars(multilabel_run)
+    for tag in ("val/map", "val/map_micro", "val/acc", "val/f1", "val/map_best", "val/per_class/ap/circle"):
+        assert len(series[tag]) == 3, tag
+    ckpt = best_ckpt(multilabel_run)
+    assert "map" in ckpt.name  # the best checkpoint is chosen by val/map
+    stored = read_checkpoint(ckpt)
+    assert stored["hyper_parameters"]["task"] == "multilabel"
+    assert len(stored["thresholds"]) == 5 and all(0 < t < 1 for t in stored["thresholds"])
+    model = load_model(ckpt)
+    assert model.thresholds.tolist() == pytest.approx(stored["thresholds"])
+
+
+def test_multilabel_evaluate_predict_export_and_infer_agree(multilabel_run, multilabel_data, tmp_path):
+    ckpt = best_ckpt(multilabel_run)
+    assert cli(["evaluate", str(ckpt)], tmp_path) == 0
+    report = json.loads((ckpt.parent / "report.json").read_text())
+    assert report["task"] == "multilabel" and {r["label"] for r in report["labels"]} == {
+        "checker", "circle", "cross", "dots", "square"}
+    assert 0 <= report["map"] <= 1 and (ckpt.parent / "mistakes.csv").is_file()
+    assert "Per label, worst first" in (ckpt.parent / "report.md").read_text()
+
+    out = tmp_path / "export"
+    result = export_checkpoint(ckpt, out, ["onnx", "int8"], repeats=1)
+    assert result["metric"] == "val_map" and result["formats"]["onnx"]["max_abs_diff"] <= 1e-4
+    assert 0 < result["formats"]["int8"]["val_map"] <= 1  # on 18 images; the benchmark checks 1 point
+    with pytest.raises(ExportError, match="INT8 validation mAP"):  # the INT8 check compares mAP
+        export_checkpoint(ckpt, tmp_path / "strict", ["onnx", "int8"], repeats=1, int8_max_drop=-1.0)
+    meta = {p.key: p.value for p in onnx.load(out / "model.onnx").metadata_props}
+    model = load_model(ckpt)
+    assert meta["task"] == "multilabel"
+    assert json.loads(meta["thresholds"]) == pytest.approx(model.thresholds.tolist())
+
+    images = multilabel_data / "img"
+    torch_csv, onnx_csv = tmp_path / "torch.csv", tmp_path / "onnx.csv"
+    assert cli(["predict", "--ckpt_path", str(ckpt), "--input", str(images), "--output", str(torch_csv)],
+               tmp_path) == 0
+    assert infer_main([str(out / "model.onnx"), str(images), "--output", str(onnx_csv)]) == 0
+    ours, theirs = _rows(onnx_csv), _rows(torch_csv)
+    assert [r["path"] for r in ours] == [r["path"] for r in theirs] and len(ours) == 120
+    for a, b in zip(ours, theirs, strict=True):
+        assert float(a["top1_prob"]) == pytest.approx(float(b["top1_prob"]), abs=1e-5)
+    # predicted: every label at or above its threshold (sigmoid, not softmax)
+    logits = model(torch.stack([_pixels(model, theirs[0]["path"])]))[0]
+    expected = [model.class_names[i] for i in torch.argsort(-logits).tolist()
+                if logits.sigmoid()[i] >= model.thresholds[i]]
+    assert theirs[0]["predicted"] == ";".join(expected)
+    assert sum(1 for r in theirs if ";" in r["predicted"]) > 0  # several labels for some images
+
+
+def _pixels(model, path: str) -> torch.Tensor:
+    from project.data.images import decode, needed_side
+    from project.data.transforms import eval_transforms
+
+    with torch.no_grad():
+        return eval_transforms(model.preprocessing)(decode(path, needed_side(model.preprocessing)))
+
+
+def test_tools_that_do_not_apply_to_multilabel_say_so(multilabel_run, multilabel_data, tmp_path, capsys):
+    assert cli(["calibrate", "--ckpt_path", str(best_ckpt(multilabel_run))], tmp_path) == 2
+    assert "multi-label" in capsys.readouterr().err
+    labels = multilabel_data / "labels.csv"
+    assert cli(["fit", *fit_args(multilabel_data, f"--data.labels={labels}", "--model.mixup_alpha=0.2")],
+               tmp_path) == 2
+    assert "mixup_alpha" in capsys.readouterr().err
+
+
+BAD_TABLES = {
+    "wrong columns": ("file,class\nimg/000.png,circle\n", "line 1: columns"),
+    "missing file": ("image,label\nimg/000.png,circle\nimg/nope.png,dots\n",
+                     "line 3: 'img/nope.png' not found"),
+    "empty label": ("image,label\nimg/000.png,circle\nimg/001.png,\n", "line 3: empty label"),
+    "duplicate row": ("image,label\nimg/000.png,circle\nimg/001.png,dots\nimg/000.png,dots\n",
+                      "line 4: 'img/000.png' is listed again (first on line 2)"),
+    "unknown label": ("image,label,split\nimg/000.png,circle,train\nimg/001.png,dots,train\n"
+                      "img/002.png,cross,val\n", "line 4: label cross of 'img/002.png' is unknown"),
+    "unknown split": ("image,label,split\nimg/000.png,circle,train\nimg/001.png,dots,valid\n",
+                      "line 3: split 'valid'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TABLES))
+def test_a_bad_table_is_one_line_naming_the_line_and_writes_nothing(case, multilabel_data, tmp_path, capsys):
+    text, expected = BAD_TABLES[case]
+    table = tmp_path / "labels.csv"
+    table.write_text(text)
+    assert cli(["fit", *fit_args(multilabel_data, f"--data.labels={table}")], tmp_path) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1 and expected in err, err
+    assert not (tmp_path / "logs").exists()
+    assert cli(["check-data", str(multilabel_data), "--labels", str(table)], tmp_path) == 1
+    assert expected.split(": ", 1)[1][:20] in capsys.readouterr().out
+
+
+def test_check_data_lists_images_that_no_row_names(multilabel_data, tmp_path, capsys):
+    table = tmp_path / "labels.csv"
+    table.write_text("image,labels\n" + "".join(f"img/{k:03d}.png,circle dots\n" for k in range(100)))
+    assert cli(["check-data", str(multilabel_data), "--labels", str(table)], tmp_path) == 0
+    out = capsys.readouterr().out
+    assert out.count("training leaves it out") == 20 and "img/119.png" in out
+
+
+def test_the_multilabel_split_keeps_every_label_share_and_copies_together():
+    rng = np.random.default_rng(0)
+    labels = (rng.random((400, 6)) < [0.5, 0.3, 0.2, 0.1, 0.05, 0.02]).astype(int)
+    samples = [Sample(f"{i}.png", tuple(int(v) for v in row)) for i, row in enumerate(labels)]
+    groups = [i - i % 2 if i < 40 else i for i in range(400)]  # the first 40 files in identical pairs
+    keep, held = iterative_split(samples, 0.25, seed=0, groups=groups)
+    assert len(keep) + len(held) == 400 and abs(len(held) - 100) <= 3
+    held_counts = np.array([s.label for s in held]).sum(0)
+    for label, total in enumerate(labels.sum(0)):
+        assert abs(held_counts[label] - total / 4) <= 1.5, (label, held_counts[label], total)
+    side = {s.path: 0 for s in keep} | {s.path: 1 for s in held}
+    assert all(side[f"{i}.png"] == side[f"{i + 1}.png"] for i in range(0, 40, 2))
+
+
+def test_multilabel_scores_on_six_labels():
+    targets = torch.tensor([[1, 0, 0, 1, 0, 0], [0, 1, 0, 0, 1, 0], [0, 0, 1, 0, 0, 1], [1, 1, 0, 0, 0, 0]])
+    perfect = targets.float() * 0.8 + 0.1
+    values = scores(perfect, targets, fit_thresholds(perfect, targets))
+    assert float(values["map"]) == 1 and float(values["acc"]) == 1 and float(values["f1"]) == 1
+    # one label missed in one image: exact match 3 of 4, that label's recall 1/2
+    missed = perfect.clone()
+    missed[3, 1] = 0.05
+    values = scores(missed, targets, torch.full((6,), 0.5))
+    assert float(values["acc"]) == 0.75
+    assert float(values["recall"]) == pytest.approx((5 + 0.5) / 6)
+
+
+def test_a_sweep_over_multilabel_data_optimises_val_map(multilabel_data):
+    from jsonargparse import Namespace
+
+    from project.extras.sweep.command import default_metric
+
+    labels = str(multilabel_data / "labels.csv")
+    config = Namespace({"data.labels": labels, "data.data_dir": str(multilabel_data)})
+    assert default_metric(config) == "val/map"
+    assert default_metric(Namespace({"data.labels": None, "data.data_dir": "data/demo"})) == "val/acc"
+
+
+def test_the_asymmetric_loss_drops_easy_negatives_and_balanced_weights_are_negatives_per_positive():
+    from project.data.samplers import inverse_frequency
+    from project.extras.multilabel.task import asymmetric_loss, multilabel_loss
+
+    target = torch.tensor([[1.0, 0.0, 0.0, 0.0, 0.0]])
+    easy = torch.tensor([[4.0, -6.0, -6.0, -6.0, -6.0]])  # every negative below the 0.05 margin
+    bce = multilabel_loss(easy, target)
+    positive_only = nn_bce(easy[:, :1], target[:, :1]) / 5  # the mean over 5 labels of the one positive
+    assert float(asymmetric_loss(easy, target)) == pytest.approx(float(positive_only), rel=1e-5)
+    assert float(asymmetric_loss(easy, target)) < float(bce)
+    weights = inverse_frequency([(1, 0), (0, 0), (1, 1), (0, 0)], 2)  # model.class_weights: balanced
+    assert weights.tolist() == [1.0, 3.0]
+    smoothed = multilabel_loss(easy, target, label_smoothing=0.2)  # targets 0.9 and 0.1
+    soft = torch.nn.functional.binary_cross_entropy_with_logits(easy, target * 0.8 + 0.1)
+    assert float(smoothed) == pytest.approx(float(soft)) and float(smoothed) > float(bce)
+
+
+def nn_bce(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.binary_cross_entropy_with_logits(logits, target, reduction="sum")
