@@ -75,30 +75,10 @@ class Guards(Callback):
         if getattr(trainer.precision_plugin, "scaler", None) is not None and self.overflows < self.patience:
             return
         bad = [named[i][0] for i in (~torch.isfinite(norms)).nonzero().flatten().tolist()]
-        raise TrainingHealthError(self.diagnosis(trainer, bad, len(named)))
+        from project.callbacks.diagnosis import nonfinite_gradients  # the failure's report
 
-    def diagnosis(self, trainer: L.Trainer, bad: list[str], total: int) -> str:
-        loss = trainer.callback_metrics.get("train/loss")
-        lrs = [g["lr"] for opt in trainer.optimizers for g in opt.param_groups]
-        lines = [f"non-finite gradients at step {trainer.global_step} (epoch {trainer.current_epoch}) in "
-                 f"{len(bad)} of {total} parameter tensors, first (forward order): "
-                 f"{', '.join(bad[:self.top])}"]
-        if self.previous is not None:
-            norms, names = self.previous
-            top = norms.topk(min(self.top, len(names)))
-            lines.append("  largest gradient norms at the last healthy step: " + ", ".join(
-                f"{names[i]} {v:.3g}" for v, i in zip(top.values.tolist(), top.indices.tolist(),
-                                                       strict=True)))
-        if self.batch is not None:
-            lines.append(f"  input batch: {format_stats(batch_stats(self.batch))}")
-        if loss is not None:
-            lines.append(f"  last logged train/loss: {float(loss):.4g}")
-        lines.append(f"  learning rates now: {', '.join(f'{lr:.3g}' for lr in lrs)}")
-        lines.append("  fixes: lower model.lr (try 10x smaller, or make lr-find); clip gradients "
-                     "(trainer.gradient_clip_val=1.0); check the data for NaN/Inf (make "
-                     "check-data); try trainer.precision=32-true. The last good checkpoint is "
-                     "untouched: resume from it after the fix.")
-        return "\n".join(lines)
+        raise TrainingHealthError(nonfinite_gradients(trainer, bad, len(named), self.previous, self.batch,
+                                                      self.top))
 
 
 def plain_container_modules(model: nn.Module) -> list[str]:

@@ -1,7 +1,7 @@
 """Prediction rows and their CSV, shared by ``predict`` (torch) and ``infer.py`` (torch-free).
 
 Torch-free on purpose: NumPy only. :func:`softmax` and :func:`sigmoid` (multi-label)
-are the twins of ``project.model.classifier.calibrated_probabilities``.
+are the twins of ``project.extras.analysis.predictions.calibrated_probabilities``.
 """
 
 from __future__ import annotations

@@ -219,14 +219,6 @@ class ImageClassifier(L.LightningModule):
                 config.scheduler.build(schedule.run_lengths(self.trainer))
 
 
-def calibrated_probabilities(logits: torch.Tensor, temperature: torch.Tensor | float = 1.0,
-                             multilabel: bool = False) -> torch.Tensor:
-    """``softmax(logits / T)``, as every command reports it (``common.predictions.softmax``: NumPy);
-    multi-label: each label's ``sigmoid(logits / T)``."""
-    z = logits.float() / temperature
-    return z.sigmoid() if multilabel else z.softmax(-1)
-
-
 def batch_mixing(num_classes: int, mixup_alpha: float, cutmix_alpha: float) -> v2.Transform | None:
     """torchvision's MixUp and/or CutMix on a whole batch (one of the two per batch if both)."""
     mixes = [m(alpha=a, num_classes=num_classes)

@@ -29,8 +29,7 @@ from torchmetrics.functional.classification import multiclass_calibration_error
 from project.checkpoints import read_checkpoint
 from project.common.files import atomic_path
 from project.errors import ProjectError
-from project.extras.analysis.predictions import predict_dataset
-from project.model.classifier import calibrated_probabilities
+from project.extras.analysis.predictions import calibrated_probabilities, predict_dataset
 
 log = logging.getLogger("project")
 # A fitted T outside this range means the validation set cannot tell: every image right with a

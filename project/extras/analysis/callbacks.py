@@ -16,9 +16,8 @@ from project.callbacks.dashboards import tensorboard
 from project.callbacks.summary import monitored_checkpoint
 from project.extras.analysis.calibration import calibrate_checkpoint, format_numbers
 from project.extras.analysis.plots import denormalise, grid_figure, reliability_figure
-from project.extras.analysis.predictions import predict_dataset
+from project.extras.analysis.predictions import calibrated_probabilities, predict_dataset
 from project.extras.analysis.rows import sample_rows, top_losses_figure
-from project.model.classifier import calibrated_probabilities
 
 log = logging.getLogger("project")
 

@@ -14,7 +14,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from project.common.files import atomic_path  # noqa: E402
 from project.common.preprocessing import IMAGENET_MEAN, IMAGENET_STD  # noqa: E402
-from project.model.classifier import calibrated_probabilities  # noqa: E402
+from project.extras.analysis.predictions import calibrated_probabilities  # noqa: E402
 
 
 def save(fig: Figure, path) -> None:

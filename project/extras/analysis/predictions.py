@@ -15,6 +15,14 @@ from project.data.datasets import collate_skipping_bad
 from project.errors import ProjectError
 
 
+def calibrated_probabilities(logits: torch.Tensor, temperature: torch.Tensor | float = 1.0,
+                             multilabel: bool = False) -> torch.Tensor:
+    """``softmax(logits / T)``, as every command reports it (``common.predictions.softmax``: NumPy);
+    multi-label: each label's ``sigmoid(logits / T)``."""
+    z = logits.float() / temperature
+    return z.sigmoid() if multilabel else z.softmax(-1)
+
+
 class Indexed(Dataset):
     """``dataset[i]`` as ``(i, item)``: the index travels with the image through the loader."""
 

@@ -19,8 +19,8 @@ from project.common.files import write_text
 from project.common.preprocessing import Preprocessing
 from project.extras.analysis.calibration import calibration_numbers
 from project.extras.analysis.plots import curves_figure, reliability_figure, save
+from project.extras.analysis.predictions import calibrated_probabilities
 from project.extras.analysis.rows import mistakes, sample_rows, top_losses_figure, write_mistakes_csv
-from project.model.classifier import calibrated_probabilities
 from project.model.metrics import PER_CLASS
 
 

@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 
 from project.common.files import atomic_path
 from project.extras.analysis.plots import denormalise, grid_figure
-from project.model.classifier import calibrated_probabilities
+from project.extras.analysis.predictions import calibrated_probabilities
 
 MISTAKE_FIELDS = ["path", "true", "predicted", "probability", "loss", "runner_up",
                   "runner_up_probability", "p_true"]

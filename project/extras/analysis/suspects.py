@@ -34,8 +34,7 @@ from project.data.folders import FolderSplits, Sample
 from project.data.splits import stratified_folds
 from project.errors import ConfigError
 from project.extras.analysis.plots import denormalise, grid_figure, save
-from project.extras.analysis.predictions import predict_dataset
-from project.model.classifier import calibrated_probabilities
+from project.extras.analysis.predictions import calibrated_probabilities, predict_dataset
 
 log = logging.getLogger("project")
 FIELDS = ["rank", "path", "given", "predicted", "p_given", "p_predicted", "fold"]

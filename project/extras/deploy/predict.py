@@ -25,8 +25,7 @@ from project.data.folders import Sample
 from project.data.images import needed_side
 from project.data.transforms import eval_transforms
 from project.errors import ProjectError
-from project.extras.analysis.predictions import check_mirror_tta, predict_dataset
-from project.model.classifier import calibrated_probabilities
+from project.extras.analysis.predictions import calibrated_probabilities, check_mirror_tta, predict_dataset
 from project.runs import resolve_checkpoint
 
 

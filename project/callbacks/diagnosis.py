@@ -1,0 +1,33 @@
+"""The report of a run the guards stop for non-finite gradients: where, what came before, the fixes."""
+
+import lightning as L
+import torch
+
+from project.callbacks.guards import batch_stats, format_stats
+
+
+def nonfinite_gradients(trainer: L.Trainer, bad: list[str], total: int,
+                        previous: tuple[torch.Tensor, list[str]] | None, batch: torch.Tensor | None,
+                        top: int = 5) -> str:
+    """``bad``: the parameter names with a non-finite gradient; ``previous``: the gradient norms
+    (and names) of the last healthy step; ``batch``: this step's input."""
+    loss = trainer.callback_metrics.get("train/loss")
+    lrs = [g["lr"] for opt in trainer.optimizers for g in opt.param_groups]
+    lines = [f"non-finite gradients at step {trainer.global_step} (epoch {trainer.current_epoch}) in "
+             f"{len(bad)} of {total} parameter tensors, first (forward order): {', '.join(bad[:top])}"]
+    if previous is not None:
+        norms, names = previous
+        largest = norms.topk(min(top, len(names)))
+        lines.append("  largest gradient norms at the last healthy step: " + ", ".join(
+            f"{names[i]} {v:.3g}"
+            for v, i in zip(largest.values.tolist(), largest.indices.tolist(), strict=True)))
+    if batch is not None:
+        lines.append(f"  input batch: {format_stats(batch_stats(batch))}")
+    if loss is not None:
+        lines.append(f"  last logged train/loss: {float(loss):.4g}")
+    lines.append(f"  learning rates now: {', '.join(f'{lr:.3g}' for lr in lrs)}")
+    lines.append("  fixes: lower model.lr (try 10x smaller, or make lr-find); clip gradients "
+                 "(trainer.gradient_clip_val=1.0); check the data for NaN/Inf (make "
+                 "check-data); try trainer.precision=32-true. The last good checkpoint is "
+                 "untouched: resume from it after the fix.")
+    return "\n".join(lines)
