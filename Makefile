@@ -13,7 +13,7 @@ ARGS   ?=
 INPUT  ?= $(DEMO)/test
 DATA_DIR ?= $(DEMO)
 
-.PHONY: help install data train train-ddp resume evaluate predict export check-data overfit \
+.PHONY: help install data train train-ddp resume evaluate predict export serve check-data overfit \
         calibrate suspects lr-find find-batch-size profile test test-fast lint tensorboard bench bench-accuracy bench-multilabel notebooks \
         models resize-data optimize-data bench-photos sweep browser clean
 
@@ -56,6 +56,10 @@ predict: $(STAMP) ## Classify images (INPUT=dir or file) with the best checkpoin
 
 export: $(STAMP) ## Export the best checkpoint to ONNX, INT8, TorchScript, .pt2 (verified)
 	$(PY) -m project export $(ARGS)
+
+PORT ?= 8000
+serve: $(STAMP) ## Serve the best checkpoint over HTTP on 127.0.0.1:PORT (POST /predict, /health, /info)
+	$(PY) -m project serve --port $(PORT) $(ARGS)
 
 SIDE ?= 290
 OUT  ?= $(DATA_DIR)-$(SIDE)

@@ -26,6 +26,7 @@ COMMANDS = {
     "suspects": "project.extras.analysis.suspects:main",
     "predict": "project.extras.deploy.predict:main",
     "export": "project.extras.deploy.export:main",
+    "serve": "project.extras.deploy.serve:main",
     "check-data": "project.extras.datatools.check_data:main",
     "resize-data": "project.extras.datatools.resize:main",
     "optimize-data": "project.extras.streaming.optimize:main",

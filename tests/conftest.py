@@ -118,6 +118,15 @@ def run_cli(args: list[str], cwd: Path, env: dict | None = None,
                           env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a server a test starts)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def only_run(logs: Path) -> Path:
     """The single run folder under ``logs`` (asserting there is exactly one)."""
     runs = sorted({p.parent for p in logs.rglob("events.out.tfevents*")} |

@@ -7,7 +7,6 @@ import csv
 import json
 import math
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -30,7 +29,7 @@ from project.extras.analysis.calibration import (
 from project.extras.analysis.report import per_class_table
 from project.model import metrics
 from project.model.metrics import StageMetrics, summary_metrics
-from tests.conftest import CLASSES, QUICK, best_ckpt, cli, fit_args, only_run, scalars
+from tests.conftest import CLASSES, QUICK, best_ckpt, cli, fit_args, free_port, only_run, scalars
 
 
 def _values(logits: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -136,11 +135,13 @@ def test_evaluate_writes_a_report_that_agrees_with_the_logged_metrics(evaluated)
     assert sum(map(sum, report["confusion_matrix"])) == 20
     assert report["tta"]["policy"] == "hflip" and 0 <= report["tta"]["accuracy"] <= 1
     for name in ("report.md", "mistakes.csv", "top_losses.png", "pr_curves.png", "reliability.png",
-                 "confusion_matrix.png"):
+                 "confusion_matrix.png", "risk_coverage.png"):
         assert (evaluated / name).is_file(), name
+    curve = report["abstain"]["curve"]
+    assert curve[0]["coverage"] == 1.0 and curve[0]["accuracy"] == pytest.approx(report["accuracy"], abs=1e-6)
     markdown = (evaluated / "report.md").read_text()
     sections = ["## Summary", "## Per-class results", "## Confusion matrix", "## Most confused pairs",
-                "## Top losses", "## Calibration"]
+                "## Top losses", "## Calibration", "## Abstaining when unsure"]
     assert [markdown.index(s) for s in sections] == sorted(markdown.index(s) for s in sections)
 
 
@@ -246,15 +247,9 @@ def test_suspects_puts_the_planted_training_labels_first(planted, tmp_path):
 
 
 # -- TensorBoard, as a user opens it ---------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def tensorboard_url(trained_run):
-    port = _free_port()
+    port = free_port()
     exe = Path(sys.executable).with_name("tensorboard")
     server = subprocess.Popen([str(exe), "--logdir", str(trained_run.parent), "--host", "127.0.0.1",
                                "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -311,3 +306,20 @@ def test_tensorboard_s_first_screen_shows_the_overview(tensorboard_url, tmp_path
         driver.quit()
     print("first screen:", titles)
     assert {"train/loss", "val/loss", "val/acc"} <= set(titles), titles
+
+
+def test_the_abstain_threshold_reaches_the_target_on_the_answered_images():
+    from project.extras.analysis.abstain import abstain_numbers
+
+    # 10 images, surest first: right, right, right, wrong, right, wrong, ...
+    confidence = torch.linspace(0.99, 0.50, 10)
+    probs = torch.stack([confidence, 1 - confidence], 1)
+    target = torch.tensor([0, 0, 0, 1, 0, 1, 0, 1, 1, 1])
+    numbers = abstain_numbers(probs, target, target_acc=0.8)
+    best = numbers["at_target"]  # the 5 surest: 4 of 5 right; 6 would be 4 of 6
+    assert best["coverage"] == pytest.approx(0.5) and best["accuracy"] == pytest.approx(0.8)
+    assert best["min_confidence"] == pytest.approx(float(confidence[4]))
+    assert numbers["curve"][0] == {"coverage": 1.0, "accuracy": pytest.approx(0.5),
+                                   "min_confidence": pytest.approx(0.5)}
+    assert abstain_numbers(probs, 1 - target, target_acc=0.99)["at_target"] is None
+

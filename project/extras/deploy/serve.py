@@ -1,0 +1,260 @@
+"""Serve a model over HTTP with LitServe: the newest run's best checkpoint, or an exported ONNX file.
+
+    python -m project serve [--ckpt_path best|last|PATH | --onnx model.onnx] [--port 8000]
+                            [--max_batch_size 8 --batch_timeout 0.01] [--min_confidence 0.9]
+
+``POST /predict``: the image as multipart field ``file`` (several allowed), or its bytes as the
+body (``Content-Type: image/...``). The answer is ``{"predictions": [row, ...]}``, one row per
+image with ``predict``'s CSV columns (the same calibrated probabilities, to the digit) and
+``unsure``: true below ``--min_confidence``, where ``predicted`` is ``unsure``. ``GET /health``
+and ``GET /info`` (classes, preprocessing, model file and its SHA-256, temperature). A bad
+upload is a 4xx with a one-line ``detail``; the server keeps answering.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import io
+import json
+import warnings
+from pathlib import Path
+
+import litserve as ls
+import numpy as np
+from PIL import Image
+
+from project.common.pixels import DECODE_ERRORS
+from project.common.predictions import top_k_row, unsure
+from project.errors import ProjectError
+
+RAW_TYPES = ("image/", "application/octet-stream")
+
+
+def http_error(status: int, detail: str):
+    from fastapi import HTTPException
+
+    return HTTPException(status_code=status, detail=detail)
+
+
+def check_image(data: bytes, name: str) -> None:
+    """A one-line 4xx for what is not an image we should decode: empty, unreadable, too many pixels."""
+    if not data:
+        raise http_error(400, f"'{name}' is empty")
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            pixels = img.size[0] * img.size[1]
+    except DECODE_ERRORS as err:
+        raise http_error(415, f"'{name}' is not an image ({type(err).__name__})") from None
+    if Image.MAX_IMAGE_PIXELS and pixels > Image.MAX_IMAGE_PIXELS:
+        raise http_error(413, f"'{name}' has {pixels / 1e6:.0f} megapixels, above Pillow's "
+                              f"decompression-bomb limit of {Image.MAX_IMAGE_PIXELS / 1e6:.0f}")
+
+
+class RawBody:
+    """ASGI middleware: a ``POST`` whose body is the image itself becomes JSON for LitServe (which
+    reads forms and JSON only); any other content type is a 415 naming the two ways to send one."""
+
+    def __init__(self, app, path: str = "/predict") -> None:
+        self.app, self.path = app, path
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] != self.path or scope["method"] != "POST":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        kind = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
+        if kind.startswith("multipart/form-data") or kind == "application/json":
+            return await self.app(scope, receive, send)
+        from starlette.exceptions import HTTPException
+        from starlette.responses import JSONResponse
+
+        if not kind.startswith(RAW_TYPES):
+            detail = (f"content type '{kind or 'none'}': send the image as multipart field 'file' or as "
+                      "the body with an image/* content type")
+            return await JSONResponse({"detail": detail}, status_code=415)(scope, receive, send)
+        body, more = b"", True
+        try:
+            while more:
+                message = await receive()
+                body += message.get("body", b"")
+                more = message.get("more_body", False)
+        except HTTPException as err:  # LitServe's size limit, raised while the body arrives
+            reply = JSONResponse({"detail": err.detail}, status_code=err.status_code)
+            return await reply(scope, receive, send)
+        payload = json.dumps({"raw": base64.b64encode(body).decode()}).encode()
+        scope = {**scope, "headers": [(k, v) for k, v in scope["headers"]
+                                      if k not in (b"content-type", b"content-length")]
+                 + [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]}
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if sent:
+                return {"type": "http.disconnect"}
+            sent = True
+            return {"type": "http.request", "body": payload, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+
+def uploads(request) -> list[tuple[str, bytes]]:
+    """(name, bytes) of each uploaded image: form fields ``file``, or the raw body."""
+    if isinstance(request, dict):
+        if "raw" not in request:
+            raise http_error(400, "no image: send multipart field 'file' or the image as the body")
+        return [("body", base64.b64decode(request["raw"]))]
+    files = request.getlist("file")
+    if not files:
+        raise http_error(400, "no 'file' field in the form")
+    out = []
+    for f in files:
+        if isinstance(f, str):
+            raise http_error(400, "the 'file' field holds text, not a file")
+        out.append((f.filename or "file", f.file.read()))
+    return out
+
+
+class ClassifierAPI(ls.LitAPI):
+    """The checkpoint through ``predict``'s own functions, or the ONNX file through ``infer.py``'s:
+    each image's row is the one those commands write. Module-level: LitServe's workers unpickle it."""
+
+    def __init__(self, ckpt: Path | None, onnx: Path | None, top_k: int = 3, min_confidence: float = 0.0,
+                 max_batch_size: int = 1, batch_timeout: float = 0.0) -> None:
+        super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout)
+        self.ckpt, self.onnx_path, self.top_k, self.min_confidence = ckpt, onnx, top_k, min_confidence
+
+    def setup(self, device: str) -> None:
+        if self.onnx_path is not None:
+            from project.extras.deploy.infer import OnnxClassifier
+
+            self.onnx = OnnxClassifier(self.onnx_path)
+            self.names, self.thresholds = self.onnx.class_names, self.onnx.thresholds
+        else:
+            from project.checkpoints import load_model
+
+            self.model = load_model(self.ckpt).to(device)
+            self.device, self.names = device, self.model.class_names
+            multilabel = self.model.task == "multilabel"
+            self.thresholds = self.model.thresholds.double().numpy() if multilabel else None
+
+    def decode_request(self, request) -> list[tuple[str, object]]:
+        """Each upload checked and decoded here, per request: a bad one fails its own request only."""
+        from project.data.images import decode, needed_side
+
+        decoded = []
+        for name, data in uploads(request):
+            check_image(data, name)
+            try:
+                if self.onnx_path is not None:
+                    decoded.append((name, self.onnx.read(io.BytesIO(data))))
+                else:
+                    decoded.append((name, decode(data, needed_side(self.model.preprocessing))))
+            except DECODE_ERRORS as err:  # a readable header over broken pixels (truncated)
+                raise http_error(415, f"'{name}' could not be decoded ({type(err).__name__})") from None
+        return decoded
+
+    def batch(self, inputs: list) -> list:
+        return inputs  # requests of one or several images each: predict runs them as one batch
+
+    def unbatch(self, output: list) -> list:
+        return output
+
+    def predict(self, requests):
+        requests = requests if self.max_batch_size > 1 else [requests]
+        flat = [item for files in requests for item in files]
+        images = [image for _, image in flat]
+        probs = (self.onnx.probabilities(images) if self.onnx_path is not None
+                 else torch_probabilities(self.model, images, self.device))
+        k = min(self.top_k, len(self.names))
+        rows = [unsure(top_k_row(name, p, self.names, k, self.thresholds), self.min_confidence)
+                for (name, _), p in zip(flat, probs, strict=True)]
+        out, start = [], 0
+        for files in requests:
+            out.append(rows[start:start + len(files)])
+            start += len(files)
+        return out if self.max_batch_size > 1 else out[0]
+
+    def encode_response(self, rows: list[dict]) -> dict:
+        return {"predictions": rows}
+
+
+def torch_probabilities(model, images: list, device: str) -> np.ndarray:
+    """``predict``'s numbers: the evaluation transform of each decoded image, float32, eval mode,
+    ``calibrated_probabilities`` with the checkpoint's temperature."""
+    import torch
+
+    from project.data.transforms import eval_transforms
+    from project.extras.analysis.predictions import calibrated_probabilities
+
+    transform = eval_transforms(model.preprocessing)
+    x = torch.stack([transform(image) for image in images]).to(device)
+    with torch.inference_mode():
+        logits = model(x).float().cpu()
+    probs = calibrated_probabilities(logits, model.temperature.cpu(), model.task == "multilabel")
+    return probs.double().numpy()
+
+
+def model_info(ckpt: Path | None, onnx: Path | None) -> dict:
+    """What ``GET /info`` says of the model: its classes, preprocessing, file, hash, temperature."""
+    path = onnx or ckpt
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if onnx is not None:
+        from project.extras.deploy.infer import OnnxClassifier
+
+        clf = OnnxClassifier(onnx)
+        names, pre, temperature, task = clf.class_names, clf.preprocessing, clf.temperature, (
+            "multilabel" if clf.thresholds is not None else "multiclass")
+    else:
+        from project.checkpoints import load_model
+
+        model = load_model(ckpt)
+        names, pre, temperature, task = (model.class_names, model.preprocessing, float(model.temperature),
+                                         model.task)
+    return {"classes": names, "task": task, "file": str(path), "sha256": digest,
+            "temperature": temperature,
+            "preprocessing": {"image_size": pre.image_size, "resize_size": pre.resize_size,
+                              "crop_ratio": pre.crop_ratio, "interpolation": pre.interpolation,
+                              "mean": list(pre.mean), "std": list(pre.std)}}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m project serve", description=__doc__.split("\n")[0])
+    p.add_argument("--ckpt_path", default="best", help="a .ckpt, a run folder, best or last")
+    p.add_argument("--onnx", default=None, help="an exported model.onnx instead (no torch at request time)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--top_k", type=int, default=3)
+    p.add_argument("--min_confidence", type=float, default=0.0, help="below it the answer is 'unsure'")
+    p.add_argument("--max_batch_size", type=int, default=1, help="dynamic batching: requests per batch")
+    p.add_argument("--batch_timeout", type=float, default=0.0, help="seconds a batch waits to fill")
+    p.add_argument("--workers", type=int, default=1, help="worker processes per device")
+    p.add_argument("--accelerator", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--max_upload_mb", type=float, default=20.0, help="larger requests get 413")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    a = parser().parse_args(argv)
+    # batch/unbatch pass the requests through; with max_batch_size 1 LitServe does not call them
+    warnings.filterwarnings("ignore", message="The LitServer has both batch and unbatch")
+    if not 0 <= a.min_confidence <= 1 or a.max_batch_size < 1 or a.batch_timeout < 0:
+        raise ProjectError("--min_confidence must be in [0, 1], --max_batch_size >= 1, --batch_timeout >= 0")
+    onnx = Path(a.onnx) if a.onnx else None
+    if onnx is not None and not onnx.is_file():
+        raise ProjectError(f"--onnx '{onnx}' does not exist")
+    if onnx is None:
+        from project.runs import resolve_checkpoint
+
+        ckpt = resolve_checkpoint(a.ckpt_path)
+    else:
+        ckpt = None
+    info = model_info(ckpt, onnx)  # fails in one line before the server starts
+    api = ClassifierAPI(ckpt, onnx, a.top_k, a.min_confidence, a.max_batch_size, a.batch_timeout)
+    accelerator = "cpu" if onnx is not None else a.accelerator
+    server = ls.LitServer(api, accelerator=accelerator, workers_per_device=a.workers, model_metadata=info,
+                          max_payload_size=int(a.max_upload_mb * 2**20), middlewares=[RawBody])
+    print(f"Serving {info['file']} ({len(info['classes'])} classes) on http://{a.host}:{a.port}/predict",
+          flush=True)
+    server.run(host=a.host, port=a.port, generate_client_file=False)
+    return 0
