@@ -161,3 +161,16 @@ def test_torchscript_and_pt2_reload_without_the_project(calibrated, tmp_path):
     result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+
+
+def test_predict_and_infer_answer_unsure_below_min_confidence(exported, calibrated, tiny_data, tmp_path):
+    torch_csv, onnx_csv = tmp_path / "torch.csv", tmp_path / "onnx.csv"
+    images = str(tiny_data / "test" / "circle")
+    assert cli(["predict", "--ckpt_path", str(calibrated), "--input", images, "--output", str(torch_csv),
+                "--min_confidence", "0.999999"], tmp_path) == 0
+    assert infer_main([str(exported / "model.onnx"), images, "--output", str(onnx_csv),
+                       "--min_confidence", "0.999999"]) == 0
+    for table in (torch_csv, onnx_csv):
+        rows = list(csv.DictReader(table.open()))
+        assert rows and all(r["predicted"] == "unsure" and r["unsure"] == "True" for r in rows)
+        assert all(r["top1"] for r in rows)  # the top classes are still there

@@ -44,6 +44,14 @@ def top_k_row(path: str, probs: np.ndarray, class_names: list[str], k: int,
     return row
 
 
+def unsure(row: dict, min_confidence: float) -> dict:
+    """``unsure`` True, and ``predicted`` ``unsure``, when the top probability is below ``min_confidence``."""
+    row["unsure"] = bool(row.get("confidence")) and float(row["confidence"]) < min_confidence
+    if row["unsure"]:
+        row["predicted"] = "unsure"
+    return row
+
+
 def error_row(path: str, error: str) -> dict:
     return {"path": path, "predicted": "", "confidence": "", "error": error.replace("\n", " ")}
 
@@ -52,6 +60,7 @@ def write_csv(rows: list[dict], output: str | Path, k: int) -> None:
     """The rows (``path, predicted, confidence, top1, top1_prob, ..., error``), atomically."""
     fields = ["path", "predicted", "confidence"]
     fields += [f"top{r}{s}" for r in range(1, k + 1) for s in ("", "_prob")] + ["error"]
+    fields += ["unsure"] if any("unsure" in r for r in rows) else []
     with atomic_path(output) as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=fields, restval="")
         writer.writeheader()

@@ -27,6 +27,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--tta", default="none", choices=("none", "hflip"),
                    help="hflip: also report the mean of each image's and its mirror's probabilities")
     p.add_argument("--top", type=int, default=24, help="images in top_losses.png")
+    p.add_argument("--target_acc", type=float, default=0.99,
+                   help="the accuracy on answered images that the abstain threshold reaches")
     a, overrides = p.parse_known_args(argv)
     ckpt = resolve_checkpoint(a.checkpoint)
     run = ckpt.parent.parent
@@ -49,5 +51,5 @@ def main(argv: list[str]) -> int:
                                 samples, dm.datasets["test"], model.thresholds)
         return 0
     write_report(model.results["test"], model.class_names, str(ckpt), Path(ckpt).parent, samples,
-                 dm.datasets["test"], float(model.temperature), model.preprocessing, a.top)
+                 dm.datasets["test"], float(model.temperature), model.preprocessing, a.top, a.target_acc)
     return 0

@@ -17,6 +17,7 @@ from torchmetrics.functional.classification import multiclass_accuracy, multicla
 from project.callbacks.dashboards import confused_pairs, confusion_figure, pairs_markdown
 from project.common.files import write_text
 from project.common.preprocessing import Preprocessing
+from project.extras.analysis.abstain import abstain_markdown, abstain_numbers, risk_coverage_figure
 from project.extras.analysis.calibration import calibration_numbers
 from project.extras.analysis.plots import curves_figure, reliability_figure, save
 from project.extras.analysis.predictions import calibrated_probabilities
@@ -61,7 +62,7 @@ def format_table(table: dict) -> str:
 
 def write_report(result: dict, class_names: list[str], checkpoint: str, out_dir: Path,
                  samples: dict[str, torch.Tensor], dataset: object, temperature: float,
-                 preprocessing: Preprocessing, top: int = 24) -> dict:
+                 preprocessing: Preprocessing, top: int = 24, target_acc: float = 0.99) -> dict:
     """Print the table and write the report files; returns the report as a dict. ``result``:
     the logged test metrics; ``samples``: every test image's logits (``predict_dataset``, with
     ``mirrored`` for test-time augmentation); ``dataset`` gives their files and pixels."""
@@ -75,11 +76,12 @@ def write_report(result: dict, class_names: list[str], checkpoint: str, out_dir:
     pairs = confused_pairs(confusion, class_names)
     rows = sample_rows(samples, class_names, temperature, dataset)
     calibration = calibration_numbers(logits, target, temperature)
+    abstain = abstain_numbers(probs, target, target_acc)
     report = {"checkpoint": checkpoint, **table, "images": int(confusion.sum()),
               "loss": float(result["test/loss"]), "nll": calibration["nll_after"],
               "macro_acc": float(result["test/macro_acc"]), "macro_f1": float(result["test/macro_f1"]),
               "ap_macro": table["averages"]["macro avg"]["ap"], "auroc": curves.get("auroc"),
-              "calibration": calibration, "mistakes": len(mistakes(rows)),
+              "calibration": calibration, "abstain": abstain, "mistakes": len(mistakes(rows)),
               "confusion_matrix": confusion.tolist(), "class_names": class_names, "confused_pairs": pairs,
               "top_losses": [{k: r[k] for k in ("path", "true", "predicted", "probability", "loss",
                                                 "runner_up", "runner_up_probability")} for r in rows[:10]]}
@@ -93,7 +95,8 @@ def write_report(result: dict, class_names: list[str], checkpoint: str, out_dir:
     save(confusion_figure(confusion, class_names, "test confusion matrix"), out_dir / "confusion_matrix.png")
     save(reliability_figure(logits, target, temperature, title="test reliability diagram"),
          out_dir / "reliability.png")
-    files = {"mistakes.csv", "confusion_matrix.png", "reliability.png", "pr_curves.png"}
+    save(risk_coverage_figure(probs, target, target_acc), out_dir / "risk_coverage.png")
+    files = {"mistakes.csv", "confusion_matrix.png", "reliability.png", "pr_curves.png", "risk_coverage.png"}
     fig = top_losses_figure(rows, dataset, preprocessing.mean, preprocessing.std, "test top losses", top)
     if fig is not None:
         save(fig, out_dir / "top_losses.png")
@@ -109,6 +112,10 @@ def write_report(result: dict, class_names: list[str], checkpoint: str, out_dir:
           f"(temperature {calibration['temperature']:.4f})")
     if "tta" in report:
         print(tta_line(report))
+    best = abstain["at_target"]
+    print(f"Abstaining: accuracy {target_acc:.3g} on {best['coverage']:.1%} of the test images with "
+          f"--min_confidence {best['min_confidence']:.4f}" if best else
+          f"Abstaining: accuracy {target_acc:.3g} is not reached at any confidence threshold")
     print(f"\nReport: {out_dir / 'report.md'} (and {', '.join(sorted(files | {'report.json'}))})")
     return report
 
@@ -158,6 +165,7 @@ def format_markdown(report: dict, pairs: list[dict], files: set[str]) -> str:
               "|---|---|---|", f"| NLL | {cal['nll_before']:.4f} | {cal['nll_after']:.4f} |",
               f"| ECE | {cal['ece_before']:.4f} | {cal['ece_after']:.4f} |", "",
               "![reliability diagram](reliability.png)"]
+    lines += ["", *abstain_markdown(report["abstain"])]
     if "tta" in report:
         lines += ["", tta_line(report)]
     return "\n".join(lines) + "\n"

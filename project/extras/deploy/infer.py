@@ -24,7 +24,7 @@ from PIL import Image
 
 from project.common.files import list_images
 from project.common.pixels import DECODE_ERRORS, read_rgb
-from project.common.predictions import error_row, sigmoid, softmax, top_k_row, write_csv
+from project.common.predictions import error_row, sigmoid, softmax, top_k_row, unsure, write_csv
 from project.common.preprocessing import Preprocessing
 
 RESAMPLING = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC,
@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", default="preds.csv")
     p.add_argument("--top_k", type=int, default=3)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--min_confidence", type=float, default=None, help="below it: 'unsure'")
     a = p.parse_args(argv)
     try:
         model = OnnxClassifier(a.model, a.threads)
@@ -137,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     rows = classify(model, paths, a.top_k)
+    if a.min_confidence is not None:
+        rows = [unsure(r, a.min_confidence) for r in rows]
     write_csv(rows, a.output, min(a.top_k, len(model.class_names)))
     failed = sum(1 for r in rows if r["error"])
     print(f"{len(rows) - failed} images classified with {a.model} -> {a.output}")

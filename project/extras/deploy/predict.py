@@ -19,7 +19,7 @@ import torch
 from project.checkpoints import load_model, read_checkpoint
 from project.common.files import list_images
 from project.common.pixels import DECODE_ERRORS, read_rgb
-from project.common.predictions import error_row, top_k_row, write_csv
+from project.common.predictions import error_row, top_k_row, unsure, write_csv
 from project.data.datasets import ImageDataset
 from project.data.folders import Sample
 from project.data.images import needed_side
@@ -75,6 +75,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--num_workers", type=int, default=0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--min_confidence", type=float, default=None,
+                   help="below it an image is answered 'unsure' (evaluate's report suggests one)")
     p.add_argument("--tta", default="none", choices=["none", "hflip"],
                    help="hflip: average each image's probabilities with its mirror image's")
     a = p.parse_args(argv)
@@ -86,6 +88,8 @@ def main(argv: list[str]) -> int:
         raise ProjectError(f"no image files in '{a.input}'")
     model = load_model(ckpt)
     rows = predict_files(model, paths, a.top_k, a.batch_size, a.num_workers, a.device, a.tta == "hflip")
+    if a.min_confidence is not None:
+        rows = [unsure(r, a.min_confidence) for r in rows]
     write_csv(rows, Path(a.output), min(a.top_k, len(model.class_names)))
     failed = [r for r in rows if r["error"]]
     print(f"{len(rows) - len(failed)} images classified with {ckpt} -> {a.output}")
