@@ -127,6 +127,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture
+def chromium(tmp_path):
+    """Headless chromium through selenium, at 1920 x 1080; skipped, saying why, without it."""
+    import shutil
+
+    if not (shutil.which("chromium") and shutil.which("chromedriver")):
+        pytest.skip("chromium and chromedriver are not installed (make browser installs them)")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    options = webdriver.ChromeOptions()
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1920,1080"):
+        options.add_argument(flag)
+    options.binary_location = shutil.which("chromium")
+    driver = webdriver.Chrome(service=webdriver.ChromeService(shutil.which("chromedriver")), options=options)
+    yield driver
+    driver.quit()
+
+
 def only_run(logs: Path) -> Path:
     """The single run folder under ``logs`` (asserting there is exactly one)."""
     runs = sorted({p.parent for p in logs.rglob("events.out.tfevents*")} |

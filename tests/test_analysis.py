@@ -276,34 +276,21 @@ def test_tensorboard_serves_the_scalars(tensorboard_url, trained_run):
 
 
 @pytest.mark.slow
-def test_tensorboard_s_first_screen_shows_the_overview(tensorboard_url, tmp_path):
+def test_tensorboard_s_first_screen_shows_the_overview(tensorboard_url, chromium, tmp_path):
     """Time Series in headless chromium at 1920 x 1080: the first cards are the curves a user
     looks at first, not one-dot charts."""
-    if not (shutil.which("chromium") and shutil.which("chromedriver")):
-        pytest.skip("chromium and chromedriver are not installed (make browser installs them)")
-    webdriver = pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.common.by import By
 
-    options = webdriver.ChromeOptions()
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1920,1080"):
-        options.add_argument(flag)
-    options.binary_location = shutil.which("chromium")
-    driver = webdriver.Chrome(service=webdriver.ChromeService(shutil.which("chromedriver")), options=options)
-    try:
-        driver.get(f"{tensorboard_url}/#timeseries")
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and len(driver.find_elements(By.CSS_SELECTOR, "card-view")) < 6:
-            time.sleep(0.5)
-        visible = [c for c in driver.find_elements(By.CSS_SELECTOR, "card-view")
-                   if 0 <= c.rect["y"] < driver.execute_script("return window.innerHeight")]
-        titles = [c.find_element(By.CSS_SELECTOR, ".title, tb-truncated-path").text.replace("\n", "")
-                  for c in visible]
-        driver.save_screenshot(str(tmp_path / "first_screen.png"))
-    finally:
-        driver.quit()
+    driver = chromium
+    driver.get(f"{tensorboard_url}/#timeseries")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(driver.find_elements(By.CSS_SELECTOR, "card-view")) < 6:
+        time.sleep(0.5)
+    visible = [c for c in driver.find_elements(By.CSS_SELECTOR, "card-view")
+               if 0 <= c.rect["y"] < driver.execute_script("return window.innerHeight")]
+    titles = [c.find_element(By.CSS_SELECTOR, ".title, tb-truncated-path").text.replace("\n", "")
+              for c in visible]
+    driver.save_screenshot(str(tmp_path / "first_screen.png"))
     print("first screen:", titles)
     assert {"train/loss", "val/loss", "val/acc"} <= set(titles), titles
 

@@ -162,3 +162,30 @@ def test_below_min_confidence_the_answer_is_unsure():
     assert unsure({"predicted": "cat", "confidence": "0.420000"}, 0.5) == {
         "predicted": "unsure", "confidence": "0.420000", "unsure": True}
     assert unsure({"predicted": "cat", "confidence": "0.920000"}, 0.5)["predicted"] == "cat"
+
+
+def test_the_page_classifies_an_uploaded_image_with_its_heat_map(trained_run, tiny_data, start_server,
+                                                                 chromium):
+    """In a real browser: pick a demo image, read the bars, see the Grad-CAM and the unsure state."""
+    from selenium.webdriver.common.by import By
+
+    url = start_server("--ckpt_path", str(best_ckpt(trained_run)), "--min_confidence", "0.999999")
+    path = _images(tiny_data)[0]
+    expected = _post(url, path)
+    chromium.get(url + "/")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and "classes" not in chromium.find_element(By.ID, "model").text:
+        time.sleep(0.2)  # /info read: the page knows to ask for the heat map
+    chromium.find_element(By.ID, "pick").send_keys(str(path))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not chromium.find_elements(By.CSS_SELECTOR, ".result img.cam"):
+        time.sleep(0.2)
+    names = [e.text for e in chromium.find_elements(By.CSS_SELECTOR, ".result .name")]
+    probs = [float(e.text) for e in chromium.find_elements(By.CSS_SELECTOR, ".result .prob")]
+    assert names == [expected[f"top{k}"] for k in (1, 2, 3)]
+    assert probs[0] == pytest.approx(float(expected["top1_prob"]), abs=1e-4)
+    answer = chromium.find_element(By.CSS_SELECTOR, ".result .answer")
+    assert "unsure" in answer.text and "unsure" in answer.get_attribute("class")
+    cam = chromium.find_element(By.CSS_SELECTOR, ".result img.cam").get_attribute("src")
+    assert cam.startswith("data:image/png;base64,") and len(cam) > 200
+

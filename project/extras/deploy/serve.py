@@ -6,9 +6,11 @@
 ``POST /predict``: the image as multipart field ``file`` (several allowed), or its bytes as the
 body (``Content-Type: image/...``). The answer is ``{"predictions": [row, ...]}``, one row per
 image with ``predict``'s CSV columns (the same calibrated probabilities, to the digit) and
-``unsure``: true below ``--min_confidence``, where ``predicted`` is ``unsure``. ``GET /health``
-and ``GET /info`` (classes, preprocessing, model file and its SHA-256, temperature). A bad
-upload is a 4xx with a one-line ``detail``; the server keeps answering.
+``unsure``: true below ``--min_confidence``, where ``predicted`` is ``unsure``. ``GET /`` is a
+page to try it (``page.html``: drop images, see the top classes, and for a checkpoint the
+Grad-CAM heat map of the top class); ``GET /health`` and ``GET /info`` (classes, preprocessing,
+model file and its SHA-256, temperature). A bad upload is a 4xx with a one-line ``detail``; the
+server keeps answering.
 """
 
 from __future__ import annotations
@@ -98,6 +100,11 @@ class RawBody:
         await self.app(scope, replay, send)
 
 
+def wants_cam(request) -> bool:
+    """The page's form asks for the heat map with a field ``cam=1``."""
+    return not isinstance(request, dict) and request.get("cam") == "1"
+
+
 def uploads(request) -> list[tuple[str, bytes]]:
     """(name, bytes) of each uploaded image: form fields ``file``, or the raw body."""
     if isinstance(request, dict):
@@ -138,8 +145,9 @@ class ClassifierAPI(ls.LitAPI):
             multilabel = self.model.task == "multilabel"
             self.thresholds = self.model.thresholds.double().numpy() if multilabel else None
 
-    def decode_request(self, request) -> list[tuple[str, object]]:
-        """Each upload checked and decoded here, per request: a bad one fails its own request only."""
+    def decode_request(self, request) -> tuple[list[tuple[str, object]], bool]:
+        """Each upload checked and decoded here, per request: a bad one fails its own request only.
+        With the heat map asked for: (the images, True)."""
         from project.data.images import decode, needed_side
 
         decoded = []
@@ -152,7 +160,7 @@ class ClassifierAPI(ls.LitAPI):
                     decoded.append((name, decode(data, needed_side(self.model.preprocessing))))
             except DECODE_ERRORS as err:  # a readable header over broken pixels (truncated)
                 raise http_error(415, f"'{name}' could not be decoded ({type(err).__name__})") from None
-        return decoded
+        return decoded, wants_cam(request) and self.onnx_path is None
 
     def batch(self, inputs: list) -> list:
         return inputs  # requests of one or several images each: predict runs them as one batch
@@ -162,15 +170,18 @@ class ClassifierAPI(ls.LitAPI):
 
     def predict(self, requests):
         requests = requests if self.max_batch_size > 1 else [requests]
-        flat = [item for files in requests for item in files]
-        images = [image for _, image in flat]
+        flat = [(name, image, cam) for files, cam in requests for name, image in files]
+        images = [image for _, image, _ in flat]
         probs = (self.onnx.probabilities(images) if self.onnx_path is not None
                  else torch_probabilities(self.model, images, self.device))
         k = min(self.top_k, len(self.names))
-        rows = [unsure(top_k_row(name, p, self.names, k, self.thresholds), self.min_confidence)
-                for (name, _), p in zip(flat, probs, strict=True)]
+        rows = []
+        for (name, image, cam), p in zip(flat, probs, strict=True):
+            rows.append(unsure(top_k_row(name, p, self.names, k, self.thresholds), self.min_confidence))
+            if cam:  # the top class's Grad-CAM, for the page
+                rows[-1]["cam"] = grad_cam_png(self.model, image, int(p.argmax()), self.device)
         out, start = [], 0
-        for files in requests:
+        for files, _ in requests:
             out.append(rows[start:start + len(files)])
             start += len(files)
         return out if self.max_batch_size > 1 else out[0]
@@ -195,6 +206,30 @@ def torch_probabilities(model, images: list, device: str) -> np.ndarray:
     return probs.double().numpy()
 
 
+def grad_cam_png(model, image, class_index: int, device: str) -> str | None:
+    """The Grad-CAM heat map (pytorch-grad-cam) of ``class_index`` over the model's input view
+    of ``image``, as a base64 PNG; None for a backbone without a convolution to look at."""
+    import torch
+    from pytorch_grad_cam import GradCAM
+    from pytorch_grad_cam.utils.image import show_cam_on_image
+    from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
+
+    from project.data.transforms import eval_transforms
+
+    convs = [m for m in model.net.modules() if isinstance(m, torch.nn.Conv2d)]
+    if not convs:
+        return None
+    pre = model.preprocessing
+    x = eval_transforms(pre)(image)[None].to(device)
+    with torch.enable_grad(), GradCAM(model=model.net, target_layers=[convs[-1]]) as cam:
+        heat = cam(input_tensor=x, targets=[ClassifierOutputTarget(class_index)])[0]
+    mean, std = torch.tensor(pre.mean)[:, None, None], torch.tensor(pre.std)[:, None, None]
+    rgb = (x[0].cpu() * std + mean).clamp(0, 1).permute(1, 2, 0).numpy()
+    buffer = io.BytesIO()
+    Image.fromarray(show_cam_on_image(rgb, heat, use_rgb=True)).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
 def model_info(ckpt: Path | None, onnx: Path | None) -> dict:
     """What ``GET /info`` says of the model: its classes, preprocessing, file, hash, temperature."""
     path = onnx or ckpt
@@ -211,11 +246,19 @@ def model_info(ckpt: Path | None, onnx: Path | None) -> dict:
         model = load_model(ckpt)
         names, pre, temperature, task = (model.class_names, model.preprocessing, float(model.temperature),
                                          model.task)
-    return {"classes": names, "task": task, "file": str(path), "sha256": digest,
+    return {"classes": names, "task": task, "file": str(path), "sha256": digest, "cam": onnx is None,
             "temperature": temperature,
             "preprocessing": {"image_size": pre.image_size, "resize_size": pre.resize_size,
                               "crop_ratio": pre.crop_ratio, "interpolation": pre.interpolation,
                               "mean": list(pre.mean), "std": list(pre.std)}}
+
+
+def add_page(app, html: str) -> None:
+    """The page to try the model at ``/``, in place of LitServe's plain "litserve running"."""
+    from fastapi.responses import HTMLResponse
+
+    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/"]
+    app.add_api_route("/", lambda: HTMLResponse(html), methods=["GET"], include_in_schema=False)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -254,6 +297,8 @@ def main(argv: list[str]) -> int:
     accelerator = "cpu" if onnx is not None else a.accelerator
     server = ls.LitServer(api, accelerator=accelerator, workers_per_device=a.workers, model_metadata=info,
                           max_payload_size=int(a.max_upload_mb * 2**20), middlewares=[RawBody])
+    page = Path(__file__).with_name("page.html").read_text(encoding="utf-8")
+    add_page(server.app, page)
     print(f"Serving {info['file']} ({len(info['classes'])} classes) on http://{a.host}:{a.port}/predict",
           flush=True)
     server.run(host=a.host, port=a.port, generate_client_file=False)
