@@ -14,7 +14,7 @@ INPUT  ?= $(DEMO)/test
 DATA_DIR ?= $(DEMO)
 
 .PHONY: help install data train train-ddp resume evaluate predict export serve check-data overfit \
-        calibrate suspects lr-find find-batch-size profile test test-fast lint tensorboard bench bench-accuracy bench-multilabel notebooks \
+        calibrate suspects lr-find find-batch-size profile test test-fast lint tensorboard bench bench-accuracy bench-multilabel bench-serve notebooks \
         models resize-data optimize-data bench-photos sweep browser clean
 
 help: ## List the targets
@@ -104,6 +104,9 @@ browser: ## Install headless chromium + chromedriver (Debian/Ubuntu) for the Ten
 
 bench: data ## Speed tables: template vs plain loop, data pipeline, start-up, inference
 	$(PY) -m benchmarks.bench $(ARGS)
+
+bench-serve: $(STAMP) ## The server under load on 127.0.0.1: requests/s, p50/p95/p99, batching, torch vs ONNX (about 10 min)
+	$(PY) -m benchmarks.serve $(ARGS)
 
 bench-photos: $(STAMP) ## 12-MP photos: decode ms, loader images/s, data wait of a short fit (3-5 min)
 	$(PY) -m benchmarks.photos $(ARGS)

@@ -40,3 +40,14 @@ def test_multilabel_bench_quick_prints_both_sides(capsys):
         row = next(line for line in out.splitlines() if line.startswith(f"| {name} |"))
         mean_ap, exact = (float(v.strip(" %")) for v in row.split("|")[3:5])
         assert 0 < mean_ap <= 100 and 0 <= exact <= 100, row
+
+
+@pytest.mark.slow
+def test_serve_bench_quick_measures_both_batching_modes(capsys):
+    from benchmarks import serve
+
+    assert serve.main(["--quick"]) == 0
+    rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| demo")]
+    assert {r[3].strip() for r in rows} == {"off", "on (32, 10 ms)"} and len(rows) == 4
+    assert all(float(r[5]) > 0 and float(r[6]) > 0 for r in rows)
+

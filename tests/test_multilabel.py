@@ -225,3 +225,20 @@ def test_the_asymmetric_loss_drops_easy_negatives_and_balanced_weights_are_negat
 
 def nn_bce(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.binary_cross_entropy_with_logits(logits, target, reduction="sum")
+
+
+def test_the_server_answers_a_multilabel_model_with_the_labels_above_their_thresholds(multilabel_run,
+                                                                                      multilabel_data):
+    import base64
+
+    from project.extras.deploy.predict import predict_files
+    from project.extras.deploy.serve import ClassifierAPI
+
+    ckpt = best_ckpt(multilabel_run)
+    api = ClassifierAPI(ckpt, None)
+    api.setup("cpu")  # what a LitServe worker runs, in this process
+    path = multilabel_data / "img" / "007.png"
+    request = {"raw": base64.b64encode(path.read_bytes()).decode()}
+    row = api.encode_response(api.predict(api.decode_request(request)))["predictions"][0]
+    expected = predict_files(load_model(ckpt), [str(path)])[0]
+    assert row["predicted"] == expected["predicted"] and row["top1_prob"] == expected["top1_prob"]

@@ -16,6 +16,7 @@ import pytest
 import requests
 from PIL import Image
 
+from benchmarks.serve import stop
 from tests.conftest import best_ckpt, cli, free_port
 
 pytestmark = pytest.mark.slow  # servers in their own processes
@@ -29,7 +30,7 @@ def start_server(tmp_path_factory):
         port = free_port()
         log = (tmp_path_factory.mktemp("serve") / "server.log").open("w")
         proc = subprocess.Popen([sys.executable, "-m", "project", "serve", "--port", str(port), *args],
-                                stdout=log, stderr=subprocess.STDOUT,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
         started.append(proc)
         url = f"http://127.0.0.1:{port}"
@@ -46,11 +47,7 @@ def start_server(tmp_path_factory):
 
     yield start
     for proc in started:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ import base64
 import hashlib
 import io
 import json
+import signal
 import warnings
 from pathlib import Path
 
@@ -261,6 +262,10 @@ def add_page(app, html: str) -> None:
     app.add_api_route("/", lambda: HTMLResponse(html), methods=["GET"], include_in_schema=False)
 
 
+def stop_on_sigterm(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m project serve", description=__doc__.split("\n")[0])
     p.add_argument("--ckpt_path", default="best", help="a .ckpt, a run folder, best or last")
@@ -301,5 +306,7 @@ def main(argv: list[str]) -> int:
     add_page(server.app, page)
     print(f"Serving {info['file']} ({len(info['classes'])} classes) on http://{a.host}:{a.port}/predict",
           flush=True)
+    # SIGTERM (docker stop, kill) as Ctrl+C: LitServe then stops its worker processes too
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     server.run(host=a.host, port=a.port, generate_client_file=False)
     return 0
