@@ -48,6 +48,7 @@ def checkpoint(data: Path, size: int, workdir: Path, backbone: str = "resnet18")
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a server about to start)."""
     import socket
 
     with socket.socket() as s:

@@ -55,6 +55,11 @@ def load_model(path: str | Path):
     return model.eval()
 
 
+def checkpoint_task(path: str | Path) -> str:
+    """multiclass or multilabel, from the settings a checkpoint stored (older ones: multiclass)."""
+    return (read_checkpoint(path, mmap=True).get("hyper_parameters") or {}).get("task", "multiclass")
+
+
 def check_checkpoint_classes(path: str | Path, class_names: list[str]) -> None:
     """Fail before any work when a checkpoint was trained on other classes than the data's."""
     saved = list(read_checkpoint(path, mmap=True).get("hyper_parameters", {}).get("class_names") or [])

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.serve import free_port  # noqa: F401  (the tests' too)
 from project.cli import main
 from project.data.demo import make_demo
 
@@ -116,15 +117,6 @@ def run_cli(args: list[str], cwd: Path, env: dict | None = None,
     return subprocess.run([sys.executable, "-m", "project", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=timeout,
                           env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now (for a server a test starts)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

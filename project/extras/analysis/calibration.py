@@ -26,7 +26,7 @@ from torch import nn
 from torch.utils.data import Dataset
 from torchmetrics.functional.classification import multiclass_calibration_error
 
-from project.checkpoints import read_checkpoint
+from project.checkpoints import checkpoint_task, read_checkpoint
 from project.common.files import atomic_path
 from project.errors import ProjectError
 from project.extras.analysis.predictions import calibrated_probabilities, predict_dataset
@@ -164,7 +164,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     a = p.parse_args(argv)
     ckpt = resolve_checkpoint(a.ckpt_path)
-    if (read_checkpoint(ckpt, mmap=True).get("hyper_parameters") or {}).get("task") == "multilabel":
+    if checkpoint_task(ckpt) == "multilabel":
         raise ProjectError(f"calibrate: '{ckpt}' is a multi-label model; temperature scaling is for one "
                            "softmax over the classes, and its labels' thresholds were fitted on the "
                            "validation set during training (they are in the checkpoint)")

@@ -13,7 +13,7 @@ import argparse
 import os
 from pathlib import Path
 
-from project.checkpoints import read_checkpoint
+from project.checkpoints import checkpoint_task, read_checkpoint
 from project.cli import ProjectCLI
 from project.extras.analysis.calibration import ensure_temperature
 from project.extras.analysis.predictions import check_mirror_tta, predict_dataset
@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
     run = ckpt.parent.parent
     if a.tta == "hflip":
         check_mirror_tta(read_checkpoint(ckpt, mmap=True).get("datamodule_hyper_parameters") or {})
-    multilabel = (read_checkpoint(ckpt, mmap=True).get("hyper_parameters") or {}).get("task") == "multilabel"
+    multilabel = checkpoint_task(ckpt) == "multilabel"
     if int(os.environ.get("RANK", 0)) == 0 and not multilabel:  # under torchrun every rank runs it
         ensure_temperature(ckpt)  # multi-label: per-label thresholds instead, fitted in training
     cli = ProjectCLI(args=["test", "--config", str(run_config(run)), f"--ckpt_path={ckpt}",

@@ -18,9 +18,8 @@ def use_multilabel(model: L.LightningModule, trainer: L.Trainer) -> None:
         if isinstance(cb, ModelCheckpoint) and cb.monitor == "val/acc":
             cb.monitor, moved = "val/map", moved + 1
             cb.filename = (cb.filename or "").replace("acc{val/acc", "map{val/map")
-    loss = "asymmetric loss" if model.hparams.multilabel_loss == "asymmetric" else "BCE"
-    if not trainer.is_global_zero:
-        return
-    log.info(f"Task: multilabel ({model.hparams.num_classes} labels, several per image): a sigmoid "
-                   f"per label, {loss}, thresholds fitted on val to each label's best F1"
-                   + (", best checkpoint by val/map" if moved else ""))  # noqa: G004
+    if trainer.is_global_zero:
+        loss = "asymmetric loss" if model.hparams.multilabel_loss == "asymmetric" else "BCE"
+        log.info("Task: multilabel (%d labels, several per image): a sigmoid per label, %s, thresholds "
+                 "fitted on val to each label's best F1%s", model.hparams.num_classes, loss,
+                 ", best checkpoint by val/map" if moved else "")

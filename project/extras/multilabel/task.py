@@ -102,20 +102,25 @@ def per_label_ap(probs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return torch.where(targets.sum(0) > 0, ap, torch.full_like(ap, float("nan")))
 
 
-def scores(probs: torch.Tensor, targets: torch.Tensor, thresholds: torch.Tensor,
-           prefix: str = "") -> dict[str, torch.Tensor]:
+def scores(probs: torch.Tensor, targets: torch.Tensor, thresholds: torch.Tensor, prefix: str = "",
+           names: list[str] | None = None) -> dict[str, torch.Tensor]:
     """mAP (macro over the labels present, and micro), and at the thresholds: exact match
-    (``acc``: every label of the image right), macro F1, precision and recall."""
+    (``acc``: every label of the image right), macro F1, precision and recall; with ``names``
+    also each present label's AP as ``per_class/ap/<name>``."""
     targets, n = targets.int(), probs.shape[1]
     ap = per_label_ap(probs, targets)
     binary = decisions(probs, thresholds)
     kw = {"num_labels": n, "threshold": 0.5}
-    return {f"{prefix}map": ap.nanmean(),
-            f"{prefix}map_micro": multilabel_average_precision(probs, targets, n, average="micro"),
-            f"{prefix}acc": multilabel_exact_match(binary, targets, **kw),
-            f"{prefix}f1": multilabel_f1_score(binary, targets, average="macro", **kw),
-            f"{prefix}precision": multilabel_precision(binary, targets, average="macro", **kw),
-            f"{prefix}recall": multilabel_recall(binary, targets, average="macro", **kw)}
+    values = {f"{prefix}map": ap.nanmean(),
+              f"{prefix}map_micro": multilabel_average_precision(probs, targets, n, average="micro"),
+              f"{prefix}acc": multilabel_exact_match(binary, targets, **kw),
+              f"{prefix}f1": multilabel_f1_score(binary, targets, average="macro", **kw),
+              f"{prefix}precision": multilabel_precision(binary, targets, average="macro", **kw),
+              f"{prefix}recall": multilabel_recall(binary, targets, average="macro", **kw)}
+    for name, label_ap in zip(names or [], ap, strict=False):
+        if not label_ap.isnan():
+            values[f"{prefix}per_class/ap/{name}"] = label_ap
+    return values
 
 
 class MultilabelStageMetrics(nn.Module):
@@ -141,13 +146,9 @@ class MultilabelStageMetrics(nn.Module):
         targets = self.targets.compute().reshape(-1, n).int()
         if self.fit:
             self.thresholds.copy_(fit_thresholds(probs, targets))
-        thresholds = self.thresholds
-        values = scores(probs, targets, thresholds, f"{self.stage}/")
-        for name, ap in zip(self.class_names, per_label_ap(probs, targets), strict=True):
-            if not ap.isnan():
-                values[f"{self.stage}/per_class/ap/{name}"] = ap
+        values = scores(probs, targets, self.thresholds, f"{self.stage}/", self.class_names)
         values[f"{self.stage}/loss"] = self.loss.compute()
-        values[f"{self.stage}/confusion"] = error_cooccurrence(decisions(probs, thresholds), targets)
+        values[f"{self.stage}/confusion"] = error_cooccurrence(decisions(probs, self.thresholds), targets)
         for metric in (self.probs, self.targets, self.loss):
             metric.reset()
         return values
