@@ -15,7 +15,7 @@ DATA_DIR ?= $(DEMO)
 
 .PHONY: help install data train train-ddp resume evaluate predict export serve check-data overfit \
         calibrate suspects lr-find find-batch-size profile test test-fast lint tensorboard bench bench-accuracy bench-multilabel bench-serve notebooks \
-        models resize-data optimize-data bench-photos sweep browser clean
+        models resize-data optimize-data bench-photos sweep sweep-worker sweep-report browser servers clean
 
 help: ## List the targets
 	@echo "Usage: make TARGET [ARGS=\"--key=value ...\"]"
@@ -86,12 +86,23 @@ SWEEP ?= configs/sweep.yaml
 sweep: data ## Optuna search of LR, weight decay, augmentation (SWEEP=configs/sweep.yaml); rerun to resume
 	$(PY) -m project sweep --config $(CONFIG) --sweep $(SWEEP) $(ARGS)
 
+STORAGE ?=
+sweep-worker: data ## A worker on a shared study: STORAGE=postgresql://user:pw@host/db, or a journal file
+	@test -n "$(STORAGE)" || { echo "make sweep-worker needs STORAGE=postgresql://user:password@host/db (workers on several machines) or STORAGE=logs/sweeps/STUDY.log (several on this one)"; exit 2; }
+	$(PY) -m project sweep --config $(CONFIG) --sweep $(SWEEP) --storage $(STORAGE) $(ARGS)
+
+sweep-report: $(STAMP) ## A sweep's table, best.yaml and plots as they stand (STORAGE= as its workers)
+	$(PY) -m project sweep --report --sweep $(SWEEP) $(if $(STORAGE),--storage $(STORAGE)) $(ARGS)
+
 profile: data ## Profile a short run: where does the time go?
 	$(PY) -m project fit --config $(CONFIG) --config configs/presets/profile.yaml $(ARGS)
 
 # A test file runs in one worker (its fixtures are built once); a worker per core, at most 4.
 XDIST := -n auto --maxprocesses=4 --dist loadfile
 test: $(STAMP) ## The full suite: DDP, kill/resume, notebooks, bench, sweeps, streaming (what CI runs)
+	@command -v chromium >/dev/null || echo "note: no chromium: the browser tests will skip (make browser installs it)"
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || \
+	  echo "note: no PostgreSQL: the shared-study sweep test will skip (make servers installs it)"
 	$(PY) -m pytest $(XDIST) $(ARGS)
 
 test-fast: $(STAMP) ## The fast tier, in-process, for every edit (under 3 minutes on 2 CPU cores)
@@ -101,6 +112,11 @@ browser: ## Install headless chromium + chromedriver (Debian/Ubuntu) for the Ten
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 	  { if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	    $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium chromium-driver; }
+
+servers: ## Install PostgreSQL (Debian/Ubuntu) for the shared-study sweep test (the S3 server is moto, from pip)
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || \
+	  { if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	    $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq postgresql; }
 
 bench: data ## Speed tables: template vs plain loop, data pipeline, start-up, inference
 	$(PY) -m benchmarks.bench $(ARGS)

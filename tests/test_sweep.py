@@ -4,13 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
-import os
-import signal
-import sqlite3
-import subprocess
-import sys
-import time
-from contextlib import closing, redirect_stdout
+from contextlib import redirect_stdout
 from pathlib import Path
 
 import optuna
@@ -40,19 +34,6 @@ def _space(tmp: Path, text: str = SPACE) -> Path:
 
 def _study(cwd: Path, name: str) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=f"sqlite:///{cwd}/logs/sweeps/{name}.db")
-
-
-def _states(db: Path) -> list[str]:
-    """Trial states, read without Optuna (which would create the tables the sweep is creating)."""
-    try:
-        with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)) as con:
-            return [row[0] for row in con.execute("SELECT state FROM trials ORDER BY number")]
-    except sqlite3.OperationalError:  # no database, or no tables yet
-        return []
-
-
-def _size(path: Path) -> int:
-    return path.stat().st_size if path.is_file() else 0
 
 
 # -- The space file -------------------------------------------------------------------------------
@@ -117,10 +98,10 @@ def test_unknown_key_fails_before_any_trial(tiny_data, tmp_path, capsys):
 
 def test_a_trial_run_reports_to_its_study_through_the_public_storage_api(tmp_path, monkeypatch):
     from project.extras.sweep import pruning
-    from project.extras.sweep.study import open_study
+    from project.extras.sweep.study import open_storage, open_study
 
     url = f"sqlite:///{tmp_path}/study.db"
-    study = open_study("s", url, "maximize", "median:1:0")
+    study = open_study("s", open_storage(url), "maximize", "median:1:0")
     for value in (0.9, 0.8):  # two finished trials that reached 0.9 and 0.8 at epoch 0
         study.add_trial(optuna.trial.create_trial(value=value, intermediate_values={0: value}))
     trial = study.ask()
@@ -225,35 +206,3 @@ def test_pruner_stops_a_trial_with_lr_zero(tiny_data, tmp_path, capsys):
     run = tmp_path / "logs/sweeps/prune/trial_002"
     assert len(scalars(run)["val/acc"]) == 1
     assert "PRUNED" in capsys.readouterr().out
-
-
-@pytest.mark.slow
-def test_killed_sweep_resumes_without_repeating_finished_trials(tiny_data, tmp_path, capsys):
-    args = [sys.executable, "-m", "project", "sweep", "--sweep", str(_space(tmp_path)), "--study", "kill",
-            "--n_trials", "2", "--heartbeat", "1", "--pruner", "none", *fit_args(tiny_data, epochs=2)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with open(tmp_path / "first.log", "w") as log:
-        proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and proc.poll() is None:  # trial 0 done, trial 1 training
-            states = _states(tmp_path / "logs/sweeps/kill.db")
-            if (states[:1] == ["COMPLETE"] and states[1:] == ["RUNNING"]
-                    and _size(tmp_path / "logs/sweeps/kill/trial_001/train.log") > 0):
-                break
-            time.sleep(0.5)
-        assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the sweep and its training run, mid-trial
-        proc.wait()
-    first = _study(tmp_path, "kill").trials[0]
-    assert _study(tmp_path, "kill").trials[1].state.name == "RUNNING"  # until its heartbeat stops
-
-    assert cli(args[3:], tmp_path) == 0  # the same command again
-    trials = _study(tmp_path, "kill").trials
-    states = [t.state.name for t in trials]
-    assert states == ["COMPLETE", "FAIL", "COMPLETE"], states  # the killed one failed, then re-run
-    assert trials[0].value == first.value and trials[0].datetime_complete == first.datetime_complete
-    assert "trial 0:" not in capsys.readouterr().out  # not trained again
-    assert trials[2].params == trials[1].params != trials[0].params  # the interrupted settings, retried

@@ -1,12 +1,14 @@
 """``python -m project sweep``: search training settings with Optuna (docs/sweeps.md).
 
     python -m project sweep --config configs/train.yaml --sweep configs/sweep.yaml \\
-        [--n_trials 20] [--timeout S] [--study NAME] [--storage URL] [--seeds K] [--key=value ...]
+        [--n_trials 20] [--timeout S] [--study NAME] [--storage URL|FILE] [--seeds K] [--key=value ...]
+    python -m project sweep --report [--study NAME] [--storage URL|FILE]
 
 ``--n_trials`` is the number of finished trials the study should hold, not a number to add:
-running the same command again after an interruption (or on a second worker) completes the
-remainder. The extra ``--config`` files and ``--key=value`` overrides are those of ``fit``,
-applied to every trial under the trial's own parameters.
+running the same command again after an interruption, or on more workers sharing ``--storage``,
+completes the remainder. The extra ``--config`` files and ``--key=value`` overrides are those of
+``fit``, applied to every trial under the trial's own parameters. ``--report`` writes the table,
+best.yaml and plots of the study as it stands, from any machine that reaches its storage.
 """
 
 from __future__ import annotations
@@ -21,8 +23,17 @@ from project.errors import ConfigError
 from project.extras.diagnose.tools import split_configs
 from project.extras.sweep import results
 from project.extras.sweep.space import Param, check_against_config, load_space
-from project.extras.sweep.study import SWEEP_ROOT, check_same_settings, open_study, storage_url
+from project.extras.sweep.study import (
+    SWEEP_ROOT,
+    check_same_settings,
+    load_study,
+    open_storage,
+    open_study,
+    shown,
+    storage_url,
+)
 from project.extras.sweep.trials import TRIAL_ARGS, TrialFailed, TrialRunner, run_study
+from project.extras.sweep.workers import claim_lock
 
 DIRECTIONS = {"max": "maximize", "maximize": "maximize", "min": "minimize", "minimize": "minimize"}
 
@@ -38,7 +49,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=None, help="start no new trial after S seconds")
     p.add_argument("--study", default=None, help="study name (default: the sweep file's name)")
     p.add_argument("--storage", default=None,
-                   help="database URL shared by workers (default: sqlite:///logs/sweeps/STUDY.db)")
+                   help="where workers share the study: a journal FILE (one machine, several processes) "
+                        "or a database URL, e.g. postgresql://user:pw@host/db (several machines); "
+                        "default: sqlite:///logs/sweeps/STUDY.db, for one worker")
+    p.add_argument("--report", action="store_true",
+                   help="run no trial: write the study's table, best.yaml and plots as they stand")
     p.add_argument("--metric", default=None,
                    help="the validation metric to optimise (default val/acc; multi-label data: val/map)")
     p.add_argument("--direction", default="max", choices=sorted(DIRECTIONS))
@@ -57,6 +72,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     a, rest = parser().parse_known_args(argv)
+    if a.report:
+        return report_only(a.study or Path(a.sweep).stem, a.storage)
     direction = DIRECTIONS[a.direction]
     if a.n_trials < 0 or a.seeds < 0 or a.heartbeat < 1:
         raise ConfigError("--n_trials and --seeds must be >= 0 and --heartbeat >= 1")
@@ -69,17 +86,19 @@ def main(argv: list[str]) -> int:
     config = check_against_config(space, base_args, a.sweep, tuple(TRIAL_ARGS))
     a.metric = a.metric or default_metric(config)
     url = storage_url(name, a.storage)
-    study = open_study(name, url, direction, a.pruner, a.heartbeat, a.sampler_seed)
-    check_same_settings(study, json.loads(json.dumps({
-        "fit_args": base_args, "space": [dataclasses.asdict(p) for p in space],
-        "metric": a.metric, "direction": direction})))
+    with claim_lock(url, name):  # workers started at once: one creates the tables and the study
+        storage = open_storage(url)
+        study = open_study(name, storage, direction, a.pruner, a.sampler_seed)
+        check_same_settings(study, json.loads(json.dumps({
+            "fit_args": base_args, "space": [dataclasses.asdict(p) for p in space],
+            "metric": a.metric, "direction": direction})))
     runner = TrialRunner(space, base_args, folder, url, a.metric, direction, a.pruner,
                          quiet=not a.show_output)
-    print(f"Sweep '{name}': {len(space)} parameter(s), {a.n_trials} trials wanted, study in {url}; "
-          f"runs in {folder}/", flush=True)
+    print(f"Sweep '{name}': {len(space)} parameter(s), {a.n_trials} trials wanted, study in "
+          f"{shown(url)}; runs in {folder.resolve()}/", flush=True)
     interrupted = False
     try:
-        run_study(study, runner, a.n_trials, a.timeout, a.max_failures)
+        run_study(study, storage, runner, a.n_trials, a.timeout, a.max_failures, a.heartbeat)
     except KeyboardInterrupt:
         interrupted = True
         print("\nInterrupted: the running trial is marked FAIL; run the same command again to "
@@ -88,6 +107,17 @@ def main(argv: list[str]) -> int:
     if best_command and a.seeds and not interrupted:
         seed_runs(study, space, runner, int(config.get("seed_everything") or 0), a.seeds, a.metric, folder)
     return 130 if interrupted else 0
+
+
+def report_only(name: str, storage: str | None) -> int:
+    """The report of an existing study, with the space and fit arguments it stores."""
+    study = load_study(name, storage_url(name, storage))
+    settings = study.user_attrs.get("settings")
+    if not settings:
+        raise ConfigError(f"study '{name}' was not made by `python -m project sweep` (it stores no settings)")
+    space = [Param(**{**p, "choices": tuple(p["choices"])}) for p in settings["space"]]
+    report(study, space, settings["fit_args"], settings["metric"], SWEEP_ROOT / name)
+    return 0
 
 
 def default_metric(config) -> str:

@@ -26,6 +26,7 @@ def trial_rows(study: optuna.Study, space: list[Param]) -> list[dict]:
                "epochs": t.user_attrs.get("epochs", len(t.intermediate_values) or None),
                "duration_s": round(t.duration.total_seconds(), 1) if t.duration else None}
         row.update({p.key: p.decode(t.params[p.key]) if p.key in t.params else None for p in space})
+        row["worker"] = t.user_attrs.get("worker", "")  # host:pid, the machine holding run_dir
         row["run_dir"] = t.user_attrs.get("run_dir", "")
         rows.append(row)
     return rows
@@ -41,7 +42,7 @@ def format_table(rows: list[dict], metric: str) -> str:
     """A fixed-width table; the value column is named after the metric."""
     if not rows:
         return "(no trials yet)"
-    columns = [c for c in rows[0] if c != "run_dir"]
+    columns = [c for c in rows[0] if c not in ("run_dir", "worker")]
     header = [metric if c == "value" else c for c in columns]
     cells = [[_cell(r[c]) for c in columns] for r in rows]
     widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(header)]

@@ -1,53 +1,89 @@
-"""The Optuna study: where it is stored, how it prunes, and how workers share it.
+"""The Optuna study: where it is stored, how it prunes, and the check that keeps it one search.
 
-The default storage is an SQLite file beside the runs (``logs/sweeps/<study>.db``); any
-SQLAlchemy database URL works too, so workers on several machines can share one study.
-Each running trial sends a heartbeat; a trial whose worker died (killed, machine lost) is
-marked FAIL once its heartbeat is older than the grace period, and its parameters are queued
-again once (Optuna's retry callback), so nothing is lost and nothing is repeated.
+``--storage`` picks where the study lives, and so who can share it:
+
+- nothing: an SQLite file beside the runs (``logs/sweeps/<study>.db``), for one worker. SQLite
+  locks the whole file for each write, so several busy workers wait on each other, and it is not
+  safe on a network file system.
+- a file path (``logs/sweeps/study.log``): Optuna's journal storage, an append-only log that
+  several processes on one machine share without a server.
+- a database URL (``postgresql://user:password@host/db``): Optuna's RDB storage, for workers on
+  several machines.
+
+How workers claim trials and notice a dead one is in ``workers.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
-from optuna.storages import RDBStorage
+from optuna.storages import BaseStorage, RDBStorage
+from optuna.storages.journal import JournalFileBackend, JournalStorage
 
 from project.errors import ConfigError
 
 SWEEP_ROOT = Path("logs/sweeps")
-# Optuna 4.9 renamed the callback that re-queues a dead worker's trial
-_Retry = (getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
-          or optuna.storages.RetryFailedTrialCallback)
 PRUNERS = ("median", "halving", "none")
+SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
 
-# fail_stale_trials and the heartbeat are marked experimental; they are what this module uses
+# the journal file backend is marked experimental; it is what --storage PATH uses
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 optuna.logging.set_verbosity(optuna.logging.ERROR)  # the sweep prints its own lines per trial
 
 
 def storage_url(study: str, storage: str | None = None, root: Path = SWEEP_ROOT) -> str:
-    """``storage`` as given (a database URL), else ``sqlite:///<root>/<study>.db`` (absolute,
-    so trial processes and other working folders find the same file)."""
-    if storage:
-        if "://" not in storage:
-            raise ConfigError(f"--storage {storage!r} is not a database URL; use e.g. "
-                              "sqlite:////shared/sweeps.db or postgresql://user@host/db")
-        return storage
-    root.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{(root / f'{study}.db').resolve()}"
+    """``storage`` as given (a database URL), the absolute path of a journal file, or the
+    default ``sqlite:///<root>/<study>.db``; absolute, so trial processes and other working
+    folders find the same file."""
+    if storage is None:
+        root.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{(root / f'{study}.db').resolve()}"
+    if "://" in storage:
+        scheme, _, rest = storage.partition("://")
+        # the driver the project installs (psycopg2-binary); SQLAlchemy's default may be another
+        return f"postgresql+psycopg2://{rest}" if scheme in ("postgresql", "postgres") else storage
+    if Path(storage).suffix in SQLITE_SUFFIXES:
+        raise ConfigError(f"--storage {storage!r} looks like an SQLite file: pass sqlite:///{storage} "
+                          "for SQLite, or a path such as logs/sweeps/study.log for a journal file")
+    return str(Path(storage).resolve())
 
 
-def open_storage(url: str, heartbeat: int | None = None) -> RDBStorage:
-    """The study database. SQLite waits up to a minute for a lock (several workers write to it);
-    ``heartbeat`` (seconds) turns on dead-worker detection with a grace period of 3 beats."""
+def shown(url: str) -> str:
+    """The storage as printed: a database URL without its password."""
+    if "://" not in url:
+        return f"journal file {url}"
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def open_storage(url: str) -> BaseStorage:
+    """The study's storage: a journal file, or a database (SQLite waits up to a minute for a
+    lock); one line naming the storage if it cannot be opened."""
+    if "://" not in url:
+        Path(url).parent.mkdir(parents=True, exist_ok=True)
+        return JournalStorage(JournalFileBackend(url))
     engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
-    if not heartbeat:
+    with database_errors(url):
         return RDBStorage(url, engine_kwargs=engine)
-    return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat, grace_period=3 * heartbeat,
-                      heartbeat_stale_trial_callback=_Retry(max_retry=1))
+
+
+@contextlib.contextmanager
+def database_errors(url: str) -> Iterator[None]:
+    """A database that cannot be reached or used becomes one line naming it (password hidden)."""
+    import sqlalchemy.exc
+
+    try:
+        yield
+    except (sqlalchemy.exc.SQLAlchemyError, ImportError) as err:
+        reason = str(getattr(err, "orig", None) or err).strip().splitlines()[0]
+        raise ConfigError(f"cannot open the study database {shown(url)}: {reason} (check --storage: "
+                          "the host, port, user, password and database name, and that the "
+                          "database's driver is installed, e.g. psycopg2-binary)") from err
 
 
 def make_pruner(spec: str) -> optuna.pruners.BasePruner:
@@ -74,22 +110,37 @@ def make_pruner(spec: str) -> optuna.pruners.BasePruner:
     return optuna.pruners.NopPruner()
 
 
-def open_study(name: str, url: str, direction: str, pruner: str, heartbeat: int | None = None,
+def open_study(name: str, storage: BaseStorage, direction: str, pruner: str,
                sampler_seed: int | None = None) -> optuna.Study:
     """Create the study, or load it to continue (an interrupted sweep, another worker)."""
-    storage = open_storage(url, heartbeat)
     # A fixed seed would repeat the same first samples after a restart: offset it by the trials done.
     seed = None if sampler_seed is None else sampler_seed + _trial_count(storage, name)
-    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=5, multivariate=True)
+    # constant_liar: a worker's TPE treats trials still running elsewhere as poor, so workers
+    # started at once do not all sample the same promising region
+    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=5, multivariate=True,
+                                         constant_liar=True)
     study = optuna.create_study(study_name=name, storage=storage, direction=direction,
                                 sampler=sampler, pruner=make_pruner(pruner), load_if_exists=True)
     if study.direction.name.lower() != direction:
-        raise ConfigError(f"study '{name}' in {url} was created to {study.direction.name.lower()} "
+        raise ConfigError(f"study '{name}' was created to {study.direction.name.lower()} "
                           f"its metric; pass --direction {study.direction.name.lower()} or a new --study")
     return study
 
 
-def _trial_count(storage: RDBStorage, name: str) -> int:
+def load_study(name: str, url: str) -> optuna.Study:
+    """An existing study, to report on; one line if there is none by that name."""
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file() or (
+            "://" not in url and not Path(url).is_file()):
+        raise ConfigError(f"no study storage at {shown(url)}: pass the --study and --storage the "
+                          "sweep's workers were started with")
+    try:
+        return optuna.load_study(study_name=name, storage=open_storage(url))
+    except KeyError as err:
+        raise ConfigError(f"no study '{name}' in {shown(url)}: pass the --study the workers were "
+                          "started with (the sweep file's name by default)") from err
+
+
+def _trial_count(storage: BaseStorage, name: str) -> int:
     try:
         return storage.get_n_trials(storage.get_study_id_from_name(name))
     except KeyError:

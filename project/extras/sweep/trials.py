@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
-from optuna.storages import fail_stale_trials
+from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
 from project.errors import ProjectError
-from project.extras.sweep import pruning
+from project.extras.sweep import pruning, workers
 from project.extras.sweep.space import Param, overrides
 
 DONE = (TrialState.COMPLETE, TrialState.PRUNED)
@@ -58,7 +58,7 @@ class TrialRunner:
     def __call__(self, trial: optuna.Trial) -> float:
         values = {p.key: p.suggest(trial) for p in self.space}
         folder = f"trial_{trial.number:03d}"
-        trial.set_user_attr("run_dir", str(self.study_dir / folder))
+        trial.set_user_attr("run_dir", str((self.study_dir / folder).resolve()))
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         print(f"trial {trial.number}: {_describe(values)}", flush=True)
         try:
@@ -98,24 +98,31 @@ class TrialRunner:
         return result
 
 
-def run_study(study: optuna.Study, objective: TrialRunner, n_trials: int, timeout: float | None,
-              max_failures: int = 3, poll: float = 2.0) -> None:
+def run_study(study: optuna.Study, storage: BaseStorage, objective: TrialRunner, n_trials: int,
+              timeout: float | None, max_failures: int = 3, heartbeat: float = 10.0,
+              poll: float = 2.0) -> None:
     """Run trials until the study holds ``n_trials`` finished ones (COMPLETE or PRUNED; FAIL
-    does not count), as other workers may be doing at the same time. Trials other workers are
-    running count as under way; this worker waits for them rather than overshooting, so a
-    trial of a dead worker is failed (after the heartbeat's grace period) and re-run."""
+    does not count), as other workers may be doing at the same time. A trial is claimed only
+    while finished plus running trials are short of the total, so workers never overshoot it;
+    a worker that finds them all claimed waits, failing (and queueing again) a trial whose
+    worker stopped beating, so a dead worker's trial is re-run by a live one."""
     start, failures, waiting = time.monotonic(), 0, False
+    watch = workers.StaleWatch(grace=3 * heartbeat)
     while True:
-        fail_stale_trials(study)
-        trials = study.get_trials(deepcopy=False)
-        done = sum(t.state in DONE for t in trials)
-        running = sum(t.state == TrialState.RUNNING for t in trials)
-        if done >= n_trials:
-            return
-        if timeout is not None and time.monotonic() - start > timeout:
-            print(f"--timeout {timeout:g} s reached: no new trial started ({done} of {n_trials} done)")
-            return
-        if done + running >= n_trials:
+        with workers.claim_lock(objective.storage_url, study.study_name):
+            for number in workers.fail_stale(study, storage, watch):
+                print(f"trial {number}: its worker stopped beating; marked FAIL and queued again",
+                      flush=True)
+            trials = study.get_trials(deepcopy=False)
+            done = sum(t.state in DONE for t in trials)
+            running = sum(t.state == TrialState.RUNNING for t in trials)
+            if done >= n_trials:
+                return
+            if timeout is not None and time.monotonic() - start > timeout:
+                print(f"--timeout {timeout:g} s reached: no new trial started ({done} of {n_trials} done)")
+                return
+            trial = study.ask() if done + running < n_trials else None  # a queued retry first
+        if trial is None:
             if not waiting:
                 print(f"waiting for {running} running trial(s) of other workers (a dead worker's trial "
                       "is failed and queued again when its heartbeat stops)", flush=True)
@@ -123,24 +130,37 @@ def run_study(study: optuna.Study, objective: TrialRunner, n_trials: int, timeou
             time.sleep(poll)
             continue
         waiting = False
-        study.optimize(objective, n_trials=1, catch=(TrialFailed,))
-        trial = _newest_own(study)
-        failures = failures + 1 if trial is not None and trial.state == TrialState.FAIL else 0
-        if trial is not None:
-            _print_outcome(trial, objective.metric)
-        if trial is not None and "is not logged by this run" in trial.user_attrs.get("error", ""):
+        finished = run_trial(study, storage, trial, objective, heartbeat)
+        _print_outcome(finished, objective.metric)
+        failures = failures + 1 if finished.state == TrialState.FAIL else 0
+        if "is not logged by this run" in finished.user_attrs.get("error", ""):
             raise ProjectError(f"--metric {objective.metric} is not logged by the training run; "
-                               f"see {trial.user_attrs.get('run_dir')}/train.log for the metrics it logs")
+                               f"see {finished.user_attrs.get('run_dir')}/train.log for the metrics it logs")
         if failures >= max_failures:
             raise ProjectError(f"{failures} trials in a row failed; the last one's log says why: "
-                               f"{trial.user_attrs.get('run_dir')}/train.log")
+                               f"{finished.user_attrs.get('run_dir')}/train.log")
 
 
-def _newest_own(study: optuna.Study):
-    """The trial this worker just ran."""
-    worker = f"{socket.gethostname()}:{os.getpid()}"
-    own = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("worker") == worker]
-    return max(own, key=lambda t: t.number) if own else None
+def run_trial(study: optuna.Study, storage: BaseStorage, trial: optuna.Trial, objective: TrialRunner,
+              heartbeat: float) -> optuna.trial.FrozenTrial:
+    """Run one claimed trial with its heartbeat and record how it ended (on Ctrl+C: FAIL)."""
+    trial_id = storage.get_trial_id_from_study_id_trial_number(
+        storage.get_study_id_from_name(study.study_name), trial.number)
+    state, value = TrialState.FAIL, None
+    with workers.Heartbeat(storage, trial_id, heartbeat):
+        try:
+            value, state = objective(trial), TrialState.COMPLETE
+        except optuna.TrialPruned:
+            state = TrialState.PRUNED
+        except TrialFailed:
+            pass  # the objective recorded why
+        finally:
+            study.tell(trial, value, state=state, skip_if_finished=True)
+    finished = storage.get_trial(trial_id)
+    if finished.state != state:
+        print(f"  (trial {trial.number} was failed by another worker while it ran, its heartbeat "
+              "unseen: this result is not in the study; its run folder keeps it)", flush=True)
+    return finished
 
 
 def _print_outcome(trial: optuna.trial.FrozenTrial, metric: str) -> None:
