@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,15 @@ from project.data.demo import make_demo
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_CONFIG = REPO / "configs" / "train.yaml"
 CLASSES = ["checker", "circle", "cross", "dots", "square"]
+
+
+# LitData reads its chunk cache folder once, on import: one per test process, removed at the end
+LITDATA_CACHE = Path(tempfile.gettempdir()) / f"project-tests-litdata-{os.getpid()}"
+os.environ["LITDATA_CACHE_DIR"] = str(LITDATA_CACHE)
+
+
+def pytest_unconfigure(config) -> None:
+    shutil.rmtree(LITDATA_CACHE, ignore_errors=True)
 
 
 def pytest_configure(config) -> None:
@@ -122,8 +133,6 @@ def run_cli(args: list[str], cwd: Path, env: dict | None = None,
 @pytest.fixture
 def chromium(tmp_path):
     """Headless chromium through selenium, at 1920 x 1080; skipped, saying why, without it."""
-    import shutil
-
     if not (shutil.which("chromium") and shutil.which("chromedriver")):
         pytest.skip("chromium and chromedriver are not installed (make browser installs them)")
     webdriver = pytest.importorskip("selenium.webdriver")

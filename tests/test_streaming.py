@@ -1,4 +1,5 @@
-"""Optimized shards: ``optimize-data``, training from the chunks, DDP shares, mid-epoch resume."""
+"""Optimized shards: ``optimize-data``, training from the chunks, DDP shares, mid-epoch resume; the
+same from an S3-compatible server (moto's, started by the test on 127.0.0.1)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ import json
 import os
 import shutil
 import signal
+import socket
+import subprocess
+import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -17,7 +22,7 @@ from lightning.pytorch.callbacks import Callback
 from project.data.datamodule import FolderDataModule
 from project.errors import ConfigError
 from project.extras.streaming.optimize import MANIFEST, check_paths
-from tests.conftest import cli, fit_args, only_run, run_cli, scalars
+from tests.conftest import cli, fit_args, free_port, only_run, run_cli, scalars
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDER = "--trainer.callbacks+=tests.test_streaming.SampleRecorder"
@@ -50,6 +55,58 @@ def chunks(tiny_data, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory):
+    """moto's S3-compatible server in its standalone mode on 127.0.0.1; its endpoint URL."""
+    pytest.importorskip("moto.server", reason="moto[server] is not installed (make install installs it)")
+    port = free_port()
+    log = tmp_path_factory.mktemp("moto") / "server.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.2)
+    assert proc.poll() is None, log.read_text()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait()
+
+
+def s3_variables(endpoint: str) -> dict[str, str]:
+    """What a user sets for an S3-compatible store (the chunk cache is the session's, conftest)."""
+    return {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch) -> dict[str, str]:
+    env = s3_variables(s3_server)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return env
+
+
+@pytest.fixture(scope="module")
+def s3_chunks(tiny_data, s3_server, tmp_path_factory) -> str:
+    """``optimize-data tiny s3://shards/tiny``, into a new bucket, as a user runs it; the URL."""
+    import boto3
+
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in s3_variables(s3_server).items():
+            mp.setenv(name, value)
+        boto3.session.Session().client("s3").create_bucket(Bucket="shards")
+        assert cli(["optimize-data", str(tiny_data), "s3://shards/tiny", "--workers=2"],
+                   tmp_path_factory.mktemp("optimize")) == 0
+    return "s3://shards/tiny"
+
+
 def test_optimize_records_the_splits_and_a_rerun_is_a_no_op(tiny_data, chunks, capsys):
     manifest = json.loads((chunks / MANIFEST).read_text())
     folder = FolderDataModule(data_dir=str(tiny_data))
@@ -77,12 +134,13 @@ def test_streamed_labels_match_the_manifest_in_stored_order(chunks):
 
 
 @pytest.mark.slow
-def test_fit_from_chunks_equals_the_folder_run(tiny_data, chunks, tmp_path):
+def test_fit_from_chunks_equals_the_folder_run(tiny_data, chunks, s3_chunks, s3_env, tmp_path):
     """One full-batch step (40 images), no augmentation: the same images, labels and transforms
     give the same model whatever the order, up to float rounding. BatchNorm's backward sums over
-    the reordered batch round differently, which the step carries into the loss at ~1e-4."""
+    the reordered batch round differently, which the step carries into the loss at ~1e-4. The same
+    shards streamed from the S3 server give the very same run as from the disk."""
     values = {}
-    for name, data in (("folder", tiny_data), ("chunks", chunks)):
+    for name, data in (("folder", tiny_data), ("chunks", chunks), ("s3", s3_chunks)):
         (tmp_path / name).mkdir()
         assert cli(["fit", *fit_args(data, *SAME, "--data.batch_size=40", epochs=1)], tmp_path / name) == 0
         run = only_run(tmp_path / name / "logs")
@@ -96,12 +154,16 @@ def test_fit_from_chunks_equals_the_folder_run(tiny_data, chunks, tmp_path):
     assert streamed["classes"] == folder["classes"] and streamed["steps"] == folder["steps"] == 1
     assert streamed["val/acc"] == folder["val/acc"]
     assert streamed["val/loss"] == pytest.approx(folder["val/loss"], abs=1e-3)
+    assert values["s3"] == streamed  # val/acc, val/loss, classes and steps, exactly
 
 
 @pytest.mark.slow
-def test_sigterm_mid_epoch_and_resume_train_every_sample_exactly_once(chunks, tmp_path, monkeypatch):
-    env = {"RECORD_DIR": str(tmp_path), "PYTHONPATH": str(REPO), "STOP_AFTER_STEPS": "2"}
-    args = fit_args(chunks, *SAME, RECORDER, "--data.batch_size=4", epochs=1)
+@pytest.mark.parametrize("where", ["disk", "s3"])
+def test_sigterm_mid_epoch_and_resume_train_every_sample_exactly_once(where, request, tmp_path, monkeypatch):
+    source = request.getfixturevalue("chunks" if where == "disk" else "s3_chunks")
+    s3 = request.getfixturevalue("s3_env") if where == "s3" else {}
+    env = {"RECORD_DIR": str(tmp_path), "PYTHONPATH": str(REPO), "STOP_AFTER_STEPS": "2", **s3}
+    args = fit_args(source, *SAME, RECORDER, "--data.batch_size=4", epochs=1)
     first = run_cli(["fit", *args], cwd=tmp_path, env=env)  # the signal goes to its own process
     assert first.returncode == 0, first.stderr[-3000:]
     assert "SIGTERM: stopped at epoch 0, step 2" in first.stderr + first.stdout
@@ -113,10 +175,14 @@ def test_sigterm_mid_epoch_and_resume_train_every_sample_exactly_once(chunks, tm
 
 
 @pytest.mark.distributed
-def test_two_ranks_stream_disjoint_shares_of_the_whole_split(chunks, tmp_path):
+@pytest.mark.parametrize("where", ["disk", "s3"])
+def test_two_ranks_stream_disjoint_shares_of_the_whole_split(where, request, tmp_path):
+    source = request.getfixturevalue("chunks" if where == "disk" else "s3_chunks")
+    s3 = request.getfixturevalue("s3_env") if where == "s3" else {}
     ddp = ["--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp"]
-    args = fit_args(chunks, *SAME, *ddp, RECORDER, "--data.batch_size=4", epochs=1)
-    result = run_cli(["fit", *args], cwd=tmp_path, env={"RECORD_DIR": str(tmp_path), "PYTHONPATH": str(REPO)})
+    args = fit_args(source, *SAME, *ddp, RECORDER, "--data.batch_size=4", epochs=1)
+    env = {"RECORD_DIR": str(tmp_path), "PYTHONPATH": str(REPO), **s3}
+    result = run_cli(["fit", *args], cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     shares = recorded(tmp_path)
     assert sorted(shares) == ["rank0", "rank1"] and len(shares["rank0"]) == len(shares["rank1"]) == 20
@@ -160,3 +226,39 @@ def test_interrupted_optimize_leaves_no_output(tiny_data, tmp_path, monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         optimize.main([str(tiny_data), str(tmp_path / "out")])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_optimize_to_s3_uploads_the_same_shards_and_a_rerun_is_a_no_op(tiny_data, chunks, s3_chunks, s3_env,
+                                                                     tmp_path, capsys):
+    from project.extras.streaming.objects import list_keys, read_json
+
+    local = sorted(p.relative_to(chunks).as_posix() for p in chunks.rglob("*") if p.is_file())
+    assert sorted(list_keys(s3_chunks)) == local
+    assert read_json(s3_chunks, MANIFEST) == json.loads((chunks / MANIFEST).read_text())
+    assert cli(["optimize-data", str(tiny_data), s3_chunks], tmp_path) == 0
+    assert "up to date" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("case", "expected"), [
+    ("bucket", "there is no bucket 'no-such-bucket' at http://127.0.0.1:"),
+    ("credentials", "no credentials for s3://no-such-bucket/tiny: set AWS_ACCESS_KEY_ID"),
+    ("endpoint", "cannot reach the object store at http://127.0.0.1:"),
+])
+def test_object_storage_problems_are_one_line_before_training(case, expected, s3_env, tmp_path,
+                                                              monkeypatch, capsys):
+    if case == "credentials":
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            monkeypatch.delenv(name)
+        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+        monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    if case == "endpoint":
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    url = "s3://no-such-bucket/tiny"
+    assert cli(["fit", *fit_args(url)], tmp_path) == 2
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [
+        next(line for line in err.splitlines() if line.startswith(f"error: {expected}"))], err
+    assert "Traceback" not in err
+    assert not (tmp_path / "logs").exists()  # nothing started, nothing written
+    assert cli(["optimize-data", str(tmp_path), url], tmp_path) == 2  # the same line for writing
+    assert f"error: {expected}" in capsys.readouterr().err

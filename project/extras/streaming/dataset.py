@@ -10,7 +10,6 @@ number of workers or ranks, nor on an interruption.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 
@@ -23,6 +22,7 @@ from project.data.datasets import bad_image_error, collate_skipping_bad, seeded_
 from project.data.images import DECODE_ERRORS, decode
 from project.data.samplers import SEED_RANGE, EpochSampler, epoch_seed, inverse_frequency
 from project.errors import ConfigError
+from project.extras.streaming import objects
 from project.extras.streaming.optimize import FORMAT, MANIFEST, read_manifest
 
 
@@ -38,22 +38,14 @@ logging.getLogger("litdata.streaming.dataset").addFilter(_DropLastNotice())
 
 
 def load_manifest(data_dir: str) -> dict:
-    """``project.json`` of an optimized data set: a local folder, or ``s3://bucket/prefix`` read
-    with boto3 (the endpoint and credentials from the usual AWS variables, as LitData uses)."""
+    """``project.json`` of an optimized data set: a local folder, or ``s3://bucket/prefix`` (the
+    endpoint and credentials from the usual AWS variables, as LitData uses); any problem
+    reaching it is one line, before training starts."""
     if "://" not in data_dir:
         manifest = read_manifest(data_dir)
     elif data_dir.startswith("s3://"):
-        import boto3
-        import botocore.exceptions
-
-        bucket, _, prefix = data_dir.removeprefix("s3://").partition("/")
-        key = f"{prefix.rstrip('/')}/{MANIFEST}".lstrip("/")
-        try:
-            body = boto3.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
-            manifest = json.loads(body)
-        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError, ValueError) as err:
-            raise ConfigError(f"cannot read '{data_dir.rstrip('/')}/{MANIFEST}' ({type(err).__name__}: "
-                              f"{err}): check the URL and the storage credentials") from err
+        manifest = objects.read_json(data_dir, MANIFEST)
+        objects.route_compatible_stores()
     else:
         raise ConfigError(f"data.data_dir '{data_dir}': only local folders and s3:// URLs are streamed")
     if manifest is None or manifest.get("format") != FORMAT:

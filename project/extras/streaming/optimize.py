@@ -15,6 +15,7 @@ Undecodable files are named and left out. ``OUT/project.json`` (classes, split s
 source, settings, a fingerprint of the source files) is what makes OUT an optimized data set:
 everything is written into a hidden folder beside OUT and renamed at the end, so an interrupted
 run leaves no OUT that looks complete, and a second run on an unchanged source is a no-op.
+OUT may be ``s3://bucket/prefix``: written locally the same way, then uploaded, ``project.json`` last.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 from functools import partial
 from pathlib import Path
@@ -37,6 +39,7 @@ from project.common.pixels import read_rgb
 from project.data.folders import STREAMING_MANIFEST, DataFolderError, discover
 from project.data.images import DECODE_ERRORS
 from project.errors import ConfigError
+from project.extras.streaming import objects
 
 MANIFEST = STREAMING_MANIFEST
 FORMAT = 1
@@ -140,11 +143,37 @@ def run(src: Path, out: Path, settings: dict, workers: int) -> tuple[dict, bool]
     return manifest, True
 
 
-def check_paths(src: Path, out: Path) -> None:
-    """Raise :class:`ConfigError` naming the path and the fix."""
+def run_to_object_store(src: Path, url: str, settings: dict, workers: int) -> tuple[dict, bool]:
+    """``run`` into a temporary folder, then upload it to ``url``: the old manifest is deleted
+    first and the new one sent last, so a copy without ``project.json`` is never read as
+    complete, and an upload stopped half-way is redone by the next run."""
+    before = objects.read_json(url, MANIFEST)  # also checks the bucket and the credentials
+    stamp = fingerprint(src, settings)
+    if before is not None and before.get("fingerprint") == stamp:
+        return before, False
+    if before is None:
+        foreign = [k for k in objects.list_keys(url) if k.split("/")[0] not in objects.SPLITS]
+        if foreign:
+            raise ConfigError(f"OUT '{url}' holds other objects ({foreign[0]}, ...) and is not an "
+                              f"optimized data set (no {MANIFEST}): choose a new prefix")
+    with tempfile.TemporaryDirectory(prefix="optimize-data-") as tmp:
+        manifest, _ = run(src, Path(tmp) / "out", settings, workers)
+        if before is not None:
+            objects.delete(url, MANIFEST)
+        sent = objects.upload_folder(Path(tmp) / "out", url, last=MANIFEST)
+    print(f"optimize-data: uploaded {sent / 2**20:.1f} MB to {url}", file=sys.stderr, flush=True)
+    return manifest, True
+
+
+def check_source(src: Path) -> None:
     if not src.is_dir():
         raise ConfigError(f"SRC '{src}' is not a folder: give the data folder (class folders, or "
                           "train/val/test with class folders)")
+
+
+def check_paths(src: Path, out: Path) -> None:
+    """Raise :class:`ConfigError` naming the path and the fix."""
+    check_source(src)
     if out.resolve() == src.resolve() or src.resolve() in out.resolve().parents:
         raise ConfigError(f"OUT '{out}' is SRC or inside it, where training would list the chunks "
                           "as data: choose a folder outside SRC")
@@ -156,7 +185,8 @@ def check_paths(src: Path, out: Path) -> None:
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m project optimize-data", description=__doc__.split("\n")[0])
     p.add_argument("src", metavar="SRC", help="the data folder, as data.data_dir takes it")
-    p.add_argument("out", metavar="OUT", help="the folder to write (then data.data_dir=OUT)")
+    p.add_argument("out", metavar="OUT",
+                   help="the folder to write, or s3://BUCKET/PREFIX (then data.data_dir=OUT)")
     p.add_argument("--max-side", type=int, default=None, metavar="N",
                    help="reduce images whose short side is above N px (default: store the files as they are)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, metavar="K",
@@ -168,12 +198,16 @@ def main(argv: list[str]) -> int:
     a = p.parse_args(argv)
     if a.max_side is not None and a.max_side < 1:
         p.error("--max-side must be 1 or more")
-    src, out = Path(a.src), Path(a.out)
-    check_paths(src, out)
+    src, out = Path(a.src), (a.out if a.out.startswith("s3://") else Path(a.out))
     settings = {"max_side": a.max_side, "chunk_bytes": a.chunk_bytes, "val_fraction": a.val_fraction,
                 "test_fraction": a.test_fraction, "split_seed": a.split_seed}
     start = time.perf_counter()
-    manifest, written = run(src, out, settings, a.workers)
+    if isinstance(out, str):
+        check_source(src)
+        manifest, written = run_to_object_store(src, out, settings, a.workers)
+    else:
+        check_paths(src, out)
+        manifest, written = run(src, out, settings, a.workers)
     sizes = ", ".join(f"{n} {s['size']}" for n, s in manifest["splits"].items())
     if not written:
         print(f"{out} is up to date with {src} ({sizes}): nothing to do")
