@@ -67,7 +67,10 @@ class StreamingImages(StreamingDataset):
     def __init__(self, input_dir: str, transform: Callable[[torch.Tensor], torch.Tensor],
                  labels: list[int], short_side: int | None, shuffle: bool, drop_last: bool,
                  seed: int, augment: bool, on_bad_image: str = "skip") -> None:
-        super().__init__(input_dir, shuffle=shuffle, drop_last=drop_last, seed=seed)
+        # "full": every epoch a full permutation within each chunk; LitData's default shuffles
+        # blocks of 256 consecutive items, which keeps images stored side by side together
+        super().__init__(input_dir, shuffle=shuffle, drop_last=drop_last, seed=seed,
+                         item_shuffle_window="full")
         self.image_transform = transform  # not `transform`: StreamingDataset applies that to the raw item
         self.targets, self.short_side, self.on_bad_image = labels, short_side, on_bad_image
         self.augment_seed = seed if augment else None

@@ -25,6 +25,7 @@ import hashlib
 import io
 import json
 import os
+import random
 import shutil
 import sys
 import tempfile
@@ -42,7 +43,7 @@ from project.errors import ConfigError
 from project.extras.streaming import objects
 
 MANIFEST = STREAMING_MANIFEST
-FORMAT = 1
+FORMAT = 2  # 2: training images stored in a seeded random order (1 kept them class by class)
 SAVE_FORMATS = {"MPO": "JPEG"}
 
 
@@ -109,11 +110,16 @@ def write_split(items: list[tuple[str, int]], out: Path, max_side: int | None, w
     return [label for path, label in items if path not in left_out], skipped
 
 
+def up_to_date(manifest: dict | None, stamp: str) -> bool:
+    """Written by this version from the same files and settings."""
+    return manifest is not None and manifest.get("format") == FORMAT and manifest.get("fingerprint") == stamp
+
+
 def run(src: Path, out: Path, settings: dict, workers: int) -> tuple[dict, bool]:
     """Optimize ``src`` into ``out`` unless ``out`` is up to date: (manifest, whether written)."""
     stamp = fingerprint(src, settings)
     before = read_manifest(out)
-    if before is not None and before.get("fingerprint") == stamp:
+    if up_to_date(before, stamp):
         return before, False
     splits = discover(src, settings["val_fraction"], settings["test_fraction"], settings["split_seed"])
     partial_dir = out.parent / f".{out.name}.partial-{os.getpid()}"
@@ -122,11 +128,13 @@ def run(src: Path, out: Path, settings: dict, workers: int) -> tuple[dict, bool]
         manifest: dict = {"format": FORMAT, "classes": splits.classes, "source": str(src.resolve()),
                           "settings": settings, "fingerprint": stamp, "splits": {}, "skipped": []}
         for name in ("train", "val", "test"):
-            samples = getattr(splits, name)
-            if not samples:
+            items = [(s.path, s.label) for s in getattr(splits, name)]
+            if not items:
                 continue
-            print(f"optimize-data: {name}: {len(samples)} images", file=sys.stderr, flush=True)
-            labels, skipped = write_split([(s.path, s.label) for s in samples], partial_dir / name,
+            if name == "train":  # mixed classes in every chunk and every block LitData reads in turn
+                random.Random(settings["split_seed"]).shuffle(items)
+            print(f"optimize-data: {name}: {len(items)} images", file=sys.stderr, flush=True)
+            labels, skipped = write_split(items, partial_dir / name,
                                           settings["max_side"], workers, settings["chunk_bytes"])
             manifest["splits"][name] = {"size": len(labels), "labels": labels}
             manifest["skipped"] += skipped
@@ -148,8 +156,7 @@ def run_to_object_store(src: Path, url: str, settings: dict, workers: int) -> tu
     first and the new one sent last, so a copy without ``project.json`` is never read as
     complete, and an upload stopped half-way is redone by the next run."""
     before = objects.read_json(url, MANIFEST)  # also checks the bucket and the credentials
-    stamp = fingerprint(src, settings)
-    if before is not None and before.get("fingerprint") == stamp:
+    if up_to_date(before, fingerprint(src, settings)):
         return before, False
     if before is None:
         foreign = [k for k in objects.list_keys(url) if k.split("/")[0] not in objects.SPLITS]
