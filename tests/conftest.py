@@ -30,6 +30,21 @@ def pytest_unconfigure(config) -> None:
     shutil.rmtree(LITDATA_CACHE, ignore_errors=True)
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """Files with multi-process tests first, then those with slow ones: pytest-xdist hands out
+    whole files in this order, and a long file handed out last would leave a worker idle."""
+    def weight(item) -> int:
+        marks = FILE_MARKS.setdefault(item.path, set())
+        return 0 if "distributed" in marks else 1 if "slow" in marks else 2
+
+    for item in items:
+        FILE_MARKS.setdefault(item.path, set()).update(m.name for m in item.iter_markers())
+    items.sort(key=weight)  # stable: the order within a file and within a group is kept
+
+
+FILE_MARKS: dict[Path, set[str]] = {}
+
+
 def pytest_configure(config) -> None:
     """Under pytest-xdist (make test), each worker takes its share of the cores, and so do the
     processes its tests start: torch's default of every core per process would oversubscribe."""
@@ -120,6 +135,14 @@ def cli(args: list[str], cwd: Path) -> int:
             return main(args)
         except SystemExit as exit_:  # the config parser's own errors
             return exit_.code if isinstance(exit_.code, int) else 2
+
+
+def one_error(stderr: str) -> str:
+    """The one ``error:`` line a refused command prints (notices may come before it), asserting
+    there is exactly one and no traceback."""
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in stderr, stderr
+    return errors[0]
 
 
 def run_cli(args: list[str], cwd: Path, env: dict | None = None,

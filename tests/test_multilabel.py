@@ -20,7 +20,7 @@ from project.extras.deploy.export import export_checkpoint
 from project.extras.deploy.exporters import ExportError
 from project.extras.deploy.infer import main as infer_main
 from project.extras.multilabel.task import fit_thresholds, scores
-from tests.conftest import QUICK, best_ckpt, cli, fit_args, only_run, scalars
+from tests.conftest import QUICK, best_ckpt, cli, fit_args, one_error, only_run, scalars
 
 ML_ARGS = ("--model.crop_ratio=1.0",)  # 32-px mosaics at 32 px: predict and infer read the same pixels
 
@@ -153,8 +153,7 @@ def test_a_bad_table_is_one_line_naming_the_line_and_writes_nothing(case, multil
     table = tmp_path / "labels.csv"
     table.write_text(text)
     assert cli(["fit", *fit_args(multilabel_data, f"--data.labels={table}")], tmp_path) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and len(err.splitlines()) == 1 and expected in err, err
+    assert expected in one_error(capsys.readouterr().err)
     assert not (tmp_path / "logs").exists()
     assert cli(["check-data", str(multilabel_data), "--labels", str(table)], tmp_path) == 1
     assert expected.split(": ", 1)[1][:20] in capsys.readouterr().out

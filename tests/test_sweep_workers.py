@@ -62,13 +62,13 @@ def postgres():
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _worker_args(data: Path, storage: str) -> list[str]:
+def _worker_args(data: Path, storage: str, n_trials: int) -> list[str]:
     """``make sweep-worker`` on tiny data: the debug preset (2 epochs of 5 batches) per trial."""
     return [sys.executable, "-m", "project", "sweep", "--config", str(TRAIN_CONFIG),
             "--config", str(REPO / "configs/presets/debug.yaml"), f"--data.data_dir={data}",
             "--model.image_size=32", "--model.weights=null", "--data.batch_size=8",
             "--trainer.enable_progress_bar=false", "--sweep", str(REPO / "configs/sweep.yaml"),
-            "--study", "shared", "--n_trials", "12", "--storage", storage, "--heartbeat", "2"]
+            "--study", "shared", "--n_trials", str(n_trials), "--storage", storage, "--heartbeat", "2"]
 
 
 def _trials(storage: str) -> list[optuna.trial.FrozenTrial]:
@@ -81,16 +81,16 @@ def _log(path: Path) -> str:
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("kind", ["postgresql", "journal"])
-def test_three_workers_fill_one_study_and_a_killed_worker_s_trial_is_retried(kind, request, tiny_data,
-                                                                              tmp_path):
+@pytest.mark.parametrize(("kind", "n_trials"), [("postgresql", 12), ("journal", 6)])  # journal: the
+def test_three_workers_fill_one_study_and_a_killed_worker_s_trial_is_retried(  # same code, less time
+        kind, n_trials, request, tiny_data, tmp_path):
     storage = request.getfixturevalue("postgres") if kind == "postgresql" else str(tmp_path / "study.log")
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     logs = [tmp_path / f"worker{i}.log" for i in range(3)]
     procs = []
     for log in logs:  # started at once, the same command in three shells
         with open(log, "w") as out:
-            procs.append(subprocess.Popen(_worker_args(tiny_data, storage), cwd=tmp_path, env=env,
+            procs.append(subprocess.Popen(_worker_args(tiny_data, storage, n_trials), cwd=tmp_path, env=env,
                                           stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
     victim = procs[0]
     try:
@@ -117,14 +117,14 @@ def test_three_workers_fill_one_study_and_a_killed_worker_s_trial_is_retried(kin
     trials = _trials(storage)
     finished = [t for t in trials if t.state in DONE]
     failed = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
-    assert len(finished) == 12, [(t.number, t.state.name) for t in trials]
+    assert len(finished) == n_trials, [(t.number, t.state.name) for t in trials]
     assert [t.number for t in failed] == [killed.number]  # the killed one, failed by its silence
     assert "stopped beating" in failed[0].user_attrs["error"]
     retry = [t for t in finished if t.system_attrs.get("failed_trial") == killed.number]
     assert len(retry) == 1 and retry[0].params == killed.params  # its settings, re-run once
     assert retry[0].user_attrs["worker"] != killed.user_attrs["worker"]
     settings = [json.dumps(t.params, sort_keys=True) for t in finished]
-    assert len(set(settings)) == 12  # no parameter set trained twice
+    assert len(set(settings)) == n_trials  # no parameter set trained twice
     shared = tmp_path / "logs/sweeps/shared"
     for t in finished:  # every worker's runs in the one run folder, each with its result
         assert Path(t.user_attrs["run_dir"]).parent == shared.resolve()
