@@ -118,12 +118,12 @@ def test_a_trial_run_reports_to_its_study_through_the_public_storage_api(tmp_pat
 
 @pytest.fixture(scope="module")
 def sweep3(tiny_data, tmp_path_factory) -> tuple[Path, str]:
-    """Three trials of two epochs each on tiny data (the default median pruner waits for three),
+    """Three trials of one epoch each on tiny data (the default median pruner waits for three),
     then the best settings again with two more seeds; the sweep's printed output."""
     cwd = tmp_path_factory.mktemp("sweep")
     out = io.StringIO()
     with redirect_stdout(out):  # the sweep here, its trials in their own processes
-        code = cli(["sweep", "--sweep", str(_space(cwd)), *SWEEP3, *fit_args(tiny_data, epochs=2)], cwd)
+        code = cli(["sweep", "--sweep", str(_space(cwd)), *SWEEP3, *fit_args(tiny_data, epochs=1)], cwd)
     assert code == 0, out.getvalue()[-3000:]
     return cwd, out.getvalue()
 
@@ -158,7 +158,7 @@ def test_sweep_writes_study_runs_table_best_and_plots(sweep3):
 def test_best_yaml_reproduces_the_best_trial(sweep3, tiny_data, tmp_path):
     cwd, _ = sweep3
     best = _study(cwd, "demo").best_trial
-    assert cli(["fit", *fit_args(tiny_data, epochs=2), "--config",
+    assert cli(["fit", *fit_args(tiny_data, epochs=1), "--config",
                 str(cwd / "logs/sweeps/demo/best.yaml")], tmp_path) == 0
     run = next((tmp_path / "logs").rglob("config.yaml")).parent
     assert max(v for _, v in scalars(run)["val/acc"]) == pytest.approx(best.value, abs=1e-6)
@@ -178,7 +178,7 @@ def test_seed_runs_of_the_best_settings_and_a_rerun_that_trains_nothing(sweep3, 
     config = yaml.safe_load((cwd / f"logs/sweeps/demo/trial_{best:03d}_seed44/config.yaml").read_text())
     assert config["seed_everything"] == 44
 
-    assert cli(["sweep", "--sweep", str(cwd / "space.yaml"), *SWEEP3, *fit_args(tiny_data, epochs=2)],
+    assert cli(["sweep", "--sweep", str(cwd / "space.yaml"), *SWEEP3, *fit_args(tiny_data, epochs=1)],
                cwd) == 0
     again = capsys.readouterr().out
     assert len(_study(cwd, "demo").trials) == 3 and "trial 3:" not in again
