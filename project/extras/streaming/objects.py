@@ -83,8 +83,7 @@ def read_json(url: str, name: str) -> dict | None:
     bucket, prefix = split_url(url)
     with errors(url):
         s3 = client()
-        s3.head_bucket(Bucket=bucket)
-        try:
+        try:  # a missing bucket is NoSuchBucket, mapped by errors()
             body = s3.get_object(Bucket=bucket, Key=key(prefix, name))["Body"].read()
         except s3.exceptions.NoSuchKey:
             return None

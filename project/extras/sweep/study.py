@@ -127,10 +127,19 @@ def open_study(name: str, storage: BaseStorage, direction: str, pruner: str,
     return study
 
 
+def storage_file(url: str) -> Path | None:
+    """The file a journal or SQLite storage lives in; None for a database server."""
+    if "://" not in url:
+        return Path(url)
+    if url.startswith("sqlite:///"):
+        return Path(url.removeprefix("sqlite:///"))
+    return None
+
+
 def load_study(name: str, url: str) -> optuna.Study:
     """An existing study, to report on; one line if there is none by that name."""
-    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file() or (
-            "://" not in url and not Path(url).is_file()):
+    path = storage_file(url)
+    if path is not None and not path.is_file():
         raise ConfigError(f"no study storage at {shown(url)}: pass the --study and --storage the "
                           "sweep's workers were started with")
     try:

@@ -16,13 +16,14 @@ import fcntl
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import SQLAlchemyError
+
+from project.extras.sweep.study import database_errors, storage_file
 
 BEAT = "project:heartbeat"
 # Optuna 4.9 renamed the callback that re-queues a dead worker's trial
@@ -109,8 +110,6 @@ def claim_lock(url: str, study: str) -> Iterator[None]:
         from sqlalchemy import create_engine, text
         from sqlalchemy.pool import NullPool
 
-        from project.extras.sweep.study import database_errors
-
         key = {"key": f"project-sweep:{study}"}
         with database_errors(url):
             engine = create_engine(url, poolclass=NullPool)
@@ -123,7 +122,7 @@ def claim_lock(url: str, study: str) -> Iterator[None]:
             con.close()
             engine.dispose()
         return
-    path = journal_or_sqlite_file(url)
+    path = storage_file(url)
     if path is None:
         yield
         return
@@ -134,10 +133,3 @@ def claim_lock(url: str, study: str) -> Iterator[None]:
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
-
-def journal_or_sqlite_file(url: str) -> Path | None:
-    if "://" not in url:
-        return Path(url)
-    if url.startswith("sqlite:///"):
-        return Path(url.removeprefix("sqlite:///"))
-    return None
