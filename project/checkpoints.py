@@ -4,6 +4,7 @@ checkpoint reader of every command."""
 from __future__ import annotations
 
 import inspect
+import logging
 import pickle
 import zipfile
 from pathlib import Path
@@ -11,6 +12,9 @@ from pathlib import Path
 import torch
 
 from project.errors import CheckpointError
+from project.tasks import DEFAULT, MULTI_LABEL
+
+log = logging.getLogger("project")
 
 
 def read_checkpoint(path: str | Path, **kwargs) -> dict:
@@ -39,7 +43,14 @@ def load_model(path: str | Path):
     if not hparams.get("class_names"):
         raise CheckpointError(f"'{path}' holds no class names (hyper_parameters.class_names); it was "
                               "not written by this project's training")
+    if "multilabel_loss" in hparams:  # written before model.loss was the task's
+        old = hparams.pop("multilabel_loss")
+        hparams.setdefault("loss", old if hparams.get("task") == MULTI_LABEL else None)
     allowed = inspect.signature(ImageClassifier.__init__).parameters
+    unknown = sorted(set(hparams) - set(allowed))
+    if unknown:
+        log.warning("Notice: '%s' holds settings this version does not know, left out: %s", path,
+                    ", ".join(unknown))
     hparams = {k: v for k, v in hparams.items() if k in allowed}
     hparams.update(weights=None, compile=False, optimizer=None, scheduler=None)
     model = ImageClassifier(**hparams)
@@ -50,14 +61,13 @@ def load_model(path: str | Path):
         raise CheckpointError(f"'{path}' does not fit the model its settings describe (another head or "
                               f"backbone than model.head={hparams.get('head', 'linear')}, "
                               f"{hparams.get('backbone')}): {str(err).splitlines()[0]}") from err
-    if "thresholds" in ckpt:  # a multi-label model's, fitted on the validation set
-        model.on_load_checkpoint(ckpt)
+    model.on_load_checkpoint(ckpt)  # the task's state (a multi-label model's thresholds)
     return model.eval()
 
 
 def checkpoint_task(path: str | Path) -> str:
-    """multiclass or multilabel, from the settings a checkpoint stored (older ones: multiclass)."""
-    return (read_checkpoint(path, mmap=True).get("hyper_parameters") or {}).get("task", "multiclass")
+    """The name of a checkpoint's task (``project/tasks/``; older checkpoints: one class per image)."""
+    return (read_checkpoint(path, mmap=True).get("hyper_parameters") or {}).get("task", DEFAULT)
 
 
 def check_checkpoint_classes(path: str | Path, class_names: list[str]) -> None:

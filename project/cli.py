@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 from jsonargparse import Namespace
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
 from project.callbacks.guards import Guards
@@ -69,7 +70,8 @@ class ProjectCLI(LightningCLI):
         # The data decides the classes; the model keeps them for export and predict.
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
-        parser.link_arguments("data.task", "model.task", apply_on="instantiate")  # multiclass|multilabel
+        parser.link_arguments("data.task", "model.task", apply_on="instantiate")  # project/tasks/
+        parser.link_arguments("data.label_stats", "model.label_stats", apply_on="instantiate")
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:  # no predict: `python -m project predict` is ours
@@ -110,10 +112,21 @@ class ProjectCLI(LightningCLI):
             from project.checkpoints import check_checkpoint_classes
 
             check_checkpoint_classes(Path(ckpt), self.datamodule.class_names)
-        if self.model.task == "multilabel":
-            from project.extras.multilabel.cli import use_multilabel
+        follow_task(self.model, self.trainer)
 
-            use_multilabel(self.model, self.trainer)
+
+def follow_task(model, trainer) -> None:
+    """Checkpoints that keep the best by the config's ``val/acc`` keep the best by the task's own
+    metric instead (multi-label: ``val/map``; regression: the lowest ``val/mae``); said in one line."""
+    task, moved = model.task, 0
+    for cb in trainer.checkpoint_callbacks:
+        if isinstance(cb, ModelCheckpoint) and cb.monitor == "val/acc" and task.monitor != cb.monitor:
+            short = task.monitor.rsplit("/", 1)[-1]
+            cb.filename = (cb.filename or "").replace("acc{val/acc", f"{short}{{{task.monitor}")
+            cb.monitor, cb.mode, moved = task.monitor, task.mode, moved + 1
+            cb.kth_value = torch.tensor(float("inf") if task.mode == "min" else float("-inf"))
+    if trainer.is_global_zero:
+        log.info("%s", task.describe())
 
 
 def cpu_has_bfloat16() -> bool:

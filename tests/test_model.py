@@ -136,9 +136,9 @@ def test_unknown_backbones_and_impossible_heads_list_the_fix():
 
 
 def test_the_loss_holds_label_smoothing_and_balanced_class_weights(tiny_data):
-    model = ImageClassifier(num_classes=5, weights=None, label_smoothing=0.2, class_weights="balanced",
-                            image_size=32)
     dm = FolderDataModule(tiny_data, batch_size=8, num_workers=0)
+    model = ImageClassifier(num_classes=5, weights=None, label_smoothing=0.2, class_weights="balanced",
+                            image_size=32, label_stats=dm.label_stats)  # as the CLI links them
     _trainer(max_epochs=1, limit_train_batches=1).fit(model, dm)
     assert model.class_weight.tolist() == pytest.approx([1.0] * 5)  # 8 images per class: balanced
     model.class_weight.copy_(torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]))

@@ -43,7 +43,7 @@ def test_a_labels_table_over_a_flat_folder_trains_like_class_folders(tiny_data, 
     from project.data.folders import discover
 
     by_folder, by_table = discover(folders), discover_table(flat / "labels.csv", flat)
-    assert by_table.classes == by_folder.classes and not by_table.multilabel
+    assert by_table.classes == by_folder.classes and by_table.task == "multiclass"
     for split in ("train", "val", "test"):  # the same seeded split, whatever the row order
         assert [(Path(s.path).name, s.label) for s in getattr(by_table, split)] == \
                [(Path(s.path).name, s.label) for s in getattr(by_folder, split)]
@@ -74,9 +74,9 @@ def test_a_multilabel_table_trains_with_map_and_thresholds_in_the_checkpoint(mul
     assert "map" in ckpt.name  # the best checkpoint is chosen by val/map
     stored = read_checkpoint(ckpt)
     assert stored["hyper_parameters"]["task"] == "multilabel"
-    assert len(stored["thresholds"]) == 5 and all(0 < t < 1 for t in stored["thresholds"])
+    assert len(stored["task_state"]["thresholds"]) == 5 and all(0 < t < 1 for t in stored["task_state"]["thresholds"])
     model = load_model(ckpt)
-    assert model.thresholds.tolist() == pytest.approx(stored["thresholds"])
+    assert model.task.thresholds.tolist() == pytest.approx(stored["task_state"]["thresholds"])
 
 
 def test_multilabel_evaluate_predict_export_and_infer_agree(multilabel_run, multilabel_data, tmp_path):
@@ -92,12 +92,12 @@ def test_multilabel_evaluate_predict_export_and_infer_agree(multilabel_run, mult
     result = export_checkpoint(ckpt, out, ["onnx", "int8"], repeats=1)
     assert result["metric"] == "val_map" and result["formats"]["onnx"]["max_abs_diff"] <= 1e-4
     assert 0 < result["formats"]["int8"]["val_map"] <= 1  # on 18 images; the benchmark checks 1 point
-    with pytest.raises(ExportError, match="INT8 validation mAP"):  # the INT8 check compares mAP
+    with pytest.raises(ExportError, match="INT8 val_map"):  # the INT8 check compares mAP
         export_checkpoint(ckpt, tmp_path / "strict", ["onnx", "int8"], repeats=1, int8_max_drop=-1.0)
     meta = {p.key: p.value for p in onnx.load(out / "model.onnx").metadata_props}
     model = load_model(ckpt)
     assert meta["task"] == "multilabel"
-    assert json.loads(meta["thresholds"]) == pytest.approx(model.thresholds.tolist())
+    assert json.loads(meta["thresholds"]) == pytest.approx(model.task.thresholds.tolist())
 
     images = multilabel_data / "img"
     torch_csv, onnx_csv = tmp_path / "torch.csv", tmp_path / "onnx.csv"
@@ -111,7 +111,7 @@ def test_multilabel_evaluate_predict_export_and_infer_agree(multilabel_run, mult
     # predicted: every label at or above its threshold (sigmoid, not softmax)
     logits = model(torch.stack([_pixels(model, theirs[0]["path"])]))[0]
     expected = [model.class_names[i] for i in torch.argsort(-logits).tolist()
-                if logits.sigmoid()[i] >= model.thresholds[i]]
+                if logits.sigmoid()[i] >= model.task.thresholds[i]]
     assert theirs[0]["predicted"] == ";".join(expected)
     assert sum(1 for r in theirs if ";" in r["predicted"]) > 0  # several labels for some images
 
@@ -197,12 +197,12 @@ def test_multilabel_scores_on_six_labels():
 def test_a_sweep_over_multilabel_data_optimises_val_map(multilabel_data):
     from jsonargparse import Namespace
 
-    from project.extras.sweep.command import default_metric
+    from project.extras.sweep.command import default_objective
 
     labels = str(multilabel_data / "labels.csv")
     config = Namespace({"data.labels": labels, "data.data_dir": str(multilabel_data)})
-    assert default_metric(config) == "val/map"
-    assert default_metric(Namespace({"data.labels": None, "data.data_dir": "data/demo"})) == "val/acc"
+    assert default_objective(config) == ("val/map", "max")
+    assert default_objective(Namespace({"data.labels": None, "data.data_dir": "data/demo"})) == ("val/acc", "max")
 
 
 def test_the_asymmetric_loss_drops_easy_negatives_and_balanced_weights_are_negatives_per_positive():

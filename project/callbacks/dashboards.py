@@ -40,8 +40,8 @@ class LearningRate(Callback):
 
 
 class Dashboards(Callback):
-    """After each validation epoch and at test: the confusion matrix (Images tab) and the most
-    confused class pairs (Text tab)."""
+    """After each validation epoch and at test, the task's views: for one class per image the
+    confusion matrix (Images tab) and the most confused class pairs (Text tab)."""
 
     def __init__(self, top_pairs: int = 5) -> None:
         self.top_pairs = top_pairs
@@ -50,16 +50,8 @@ class Dashboards(Callback):
         writer, result = tensorboard(trainer), pl_module.results.get(stage)
         if writer is None or result is None or trainer.sanity_checking:
             return
-        cm, names, step = result[f"{stage}/confusion"], pl_module.class_names, trainer.global_step
-        if pl_module.task == "multilabel":  # its error co-occurrence instead
-            from project.extras.multilabel.dashboards import log_multilabel
-
-            return log_multilabel(writer, result, names, pl_module.thresholds, stage, step,
-                                  trainer.current_epoch)
-        title = f"{stage} confusion matrix (epoch {trainer.current_epoch})"
-        writer.add_figure(f"{stage}/per_class/confusion_matrix", confusion_figure(cm, names, title), step)
-        pairs = confused_pairs(cm, names, self.top_pairs)
-        writer.add_text(f"{stage}/confused_pairs", pairs_markdown(pairs), step)
+        pl_module.task.log_views(writer, result, stage, trainer.global_step, trainer.current_epoch,
+                                 self.top_pairs)  # the task's own pictures (project/tasks/)
 
     @rank_zero_only
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

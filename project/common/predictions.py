@@ -1,7 +1,6 @@
 """Prediction rows and their CSV, shared by ``predict`` (torch) and ``infer.py`` (torch-free).
 
-Torch-free on purpose: NumPy only. :func:`softmax` and :func:`sigmoid` (multi-label)
-are the twins of ``project.extras.analysis.predictions.calibrated_probabilities``.
+Torch-free on purpose: NumPy only. ``project/tasks/answers.py`` builds the rows with these.
 """
 
 from __future__ import annotations
@@ -56,11 +55,12 @@ def error_row(path: str, error: str) -> dict:
     return {"path": path, "predicted": "", "confidence": "", "error": error.replace("\n", " ")}
 
 
-def write_csv(rows: list[dict], output: str | Path, k: int) -> None:
-    """The rows (``path, predicted, confidence, top1, top1_prob, ..., error``), atomically."""
-    fields = ["path", "predicted", "confidence"]
-    fields += [f"top{r}{s}" for r in range(1, k + 1) for s in ("", "_prob")] + ["error"]
-    fields += ["unsure"] if any("unsure" in r for r in rows) else []
+def write_csv(rows: list[dict], output: str | Path) -> None:
+    """The rows atomically, their columns in first-seen order then ``error`` (and ``unsure``):
+    ``path, predicted, confidence, top1, top1_prob, ..., error`` for a classifier."""
+    last = ("error", "unsure")
+    fields = list(dict.fromkeys(k for r in rows for k in r if k not in last))
+    fields += [k for k in last if any(k in r for r in rows)]
     with atomic_path(output) as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=fields, restval="")
         writer.writeheader()

@@ -12,6 +12,7 @@ import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import DataLoader
 
+from project import tasks
 from project.common.preprocessing import Preprocessing
 from project.data import folders
 from project.data.datasets import ImageDataset, collate_skipping_bad
@@ -34,7 +35,7 @@ class FolderDataModule(L.LightningDataModule):
         self,
         data_dir: str = "data/demo",
         labels: str | None = None,
-        task: Literal["auto", "multiclass", "multilabel"] = "auto",
+        task: str = "auto",
         batch_size: int = 64,
         num_workers: int | None = None,
         pin_memory: bool | None = None,
@@ -75,7 +76,10 @@ class FolderDataModule(L.LightningDataModule):
         self.datasets: dict[str, ImageDataset] = {}
         self.streaming = "://" in data_dir or (Path(data_dir) / folders.STREAMING_MANIFEST).is_file()
         self.hparams.labels = None if labels is None else str(labels)
-        require(labels is not None or task != "multilabel", "data.task", "multilabel needs data.labels", task)
+        if task != "auto":
+            tasks.check_name(task)
+        require(labels is not None or task in ("auto", tasks.DEFAULT), "data.task",
+                "other than auto or a class per image needs data.labels (a table)", task)
         require(labels is None or not self.streaming, "data.labels", "is not for streamed shards", labels)
 
     @cached_property
@@ -100,8 +104,18 @@ class FolderDataModule(L.LightningDataModule):
 
     @property
     def task(self) -> str:
-        """multiclass, or multilabel (a labels table with several labels in a row, or data.task)."""
-        return "multilabel" if not self.streaming and self.splits.multilabel else "multiclass"
+        """The task the labels describe (``project/tasks/``): a class per image unless a labels
+        table has several labels in a row or numbers instead of a label (or data.task says so)."""
+        return tasks.DEFAULT if self.streaming else self.splits.task
+
+    @property
+    def label_stats(self) -> dict:
+        """What the model needs of the training labels (the CLI links it into model.label_stats)."""
+        if self.streaming:
+            targets = list(self.streamed.manifest["splits"]["train"]["labels"])
+        else:
+            targets = [s.label for s in self.splits.train]
+        return tasks.task_class(self.task).label_stats(targets, self.num_classes)
 
     @cached_property
     def streamed(self):  # the streaming extra: datasets and loaders of an optimized data set
@@ -205,8 +219,9 @@ class FolderDataModule(L.LightningDataModule):
         overfitting = self.trainer is not None and self.trainer.overfit_batches > 0
         weights = None
         if self.hparams.balanced_sampling and not overfitting:
-            require(self.task == "multiclass", "data.balanced_sampling", "is for one label per image "
-                    "(multi-label: model.class_weights=balanced)", True)
+            require(tasks.task_class(self.task).one_class_per_image, "data.balanced_sampling",
+                    f"is for one class per image, not a {self.task} task (try model.class_weights=balanced)",
+                    True)
             weights = inverse_frequency(self.train_set.targets, self.num_classes)[self.train_set.targets]
         sampler = EpochSampler(len(self.train_set), weights, shuffle=not overfitting,
                                seed=self.run_seed(), num_replicas=world, rank=rank)

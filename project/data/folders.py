@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from project import tasks
 from project.common.files import IMAGE_EXTENSIONS, list_images
 from project.errors import ProjectError, require
 
@@ -25,7 +26,8 @@ class DataFolderError(ProjectError, ValueError):
 @dataclass(frozen=True)
 class Sample:
     path: str
-    label: int | tuple[int, ...]  # a class index; multi-label: 0/1 per class (``data/tables.py``)
+    # a class index; multi-label: 0/1 per class; regression: the numbers (``data/tables.py``)
+    label: int | tuple[int, ...] | tuple[float, ...]
 
 
 @dataclass
@@ -34,7 +36,7 @@ class FolderSplits:
     train: list[Sample]
     val: list[Sample]
     test: list[Sample]
-    multilabel: bool = False
+    task: str = tasks.DEFAULT  # what the labels describe (project/tasks/): folders hold one class each
 
 
 def class_folders(root: Path) -> list[str]:

@@ -1,21 +1,26 @@
-"""Labels from a table beside the images (``data.labels``): ``image,label`` (one class per image)
-or ``image,labels`` (several, separated by ``;`` or spaces: multi-label), with an optional
+"""Labels from a table beside the images (``data.labels``): ``image,label`` (one class per image),
+``image,labels`` (several, separated by ``;`` or spaces: multi-label), or ``image,value`` and any
+other numeric columns instead of a label (numbers per image: regression), with an optional
 ``split`` column (train/val/test). Image paths are relative to ``data.data_dir``. Imported only
-when ``data.labels`` is set; every problem names the table's line.
+when ``data.labels`` is set; every problem names the table's line. The table decides the task.
 """
 
 from __future__ import annotations
 
 import csv
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from project import tasks
 from project.data.folders import DataFolderError, FolderSplits, Sample, check_fractions
+from project.data.splits import split_off
 
 SPLITS = ("train", "val", "test")
-FORMAT_HINT = ("columns image,label (one class per image) or image,labels (several, separated "
-               "by ';' or spaces), and optionally split (train, val or test)")
+FORMAT_HINT = ("columns image,label (one class per image), image,labels (several, separated "
+               "by ';' or spaces) or image,value (numbers: any numeric columns instead of a label), "
+               "and optionally split (train, val or test)")
 
 
 @dataclass
@@ -23,19 +28,33 @@ class Table:
     """A labels table as read: rows (line number, image path, label names, split or None)."""
 
     path: Path
-    rows: list[tuple[int, str, list[str], str | None]] = field(default_factory=list)
+    rows: list[tuple[int, str, list, str | None]] = field(default_factory=list)  # labels or numbers
     multilabel_column: bool = False
+    value_columns: list[str] = field(default_factory=list)  # regression: the numbers' columns
     problems: list[str] = field(default_factory=list)
 
     @property
     def classes(self) -> list[str]:
+        """The class names, or the names of the values (the model's outputs, in order)."""
+        if self.value_columns:
+            return list(self.value_columns)
         return sorted({name for _, _, names, _ in self.rows for name in names})
 
-    def multilabel(self, task: str) -> bool:
-        """Whether the rows describe a multi-label task (``task`` auto: a row has several)."""
-        if task != "auto":
-            return task == "multilabel"
-        return any(len(names) > 1 for _, _, names, _ in self.rows)
+    def task(self, task: str = "auto") -> str:
+        """The task the rows describe: numbers are a regression, a row with several labels a
+        multi-label task (``task``: data.task, auto or one the table can hold)."""
+        found = (tasks.REGRESSION if self.value_columns else
+                 tasks.MULTI_LABEL if any(len(names) > 1 for _, _, names, _ in self.rows) else tasks.DEFAULT)
+        if task == "auto" or task == found:
+            return found
+        if tasks.REGRESSION in (task, found):
+            raise DataFolderError(f"data.task={task}, but {self.path} holds "
+                                  f"{'numbers' if self.value_columns else 'labels'}; set data.task=auto")
+        if found == tasks.MULTI_LABEL and task == tasks.DEFAULT:
+            line, image, names, _ = next(r for r in self.rows if len(r[2]) > 1)
+            raise DataFolderError(f"data.task={task}, but '{image}' on line {line} of {self.path} has "
+                                  f"several labels ({', '.join(names)}); set data.task=multilabel or auto")
+        return task
 
 
 def split_labels(cell: str, several: bool) -> list[str]:
@@ -56,7 +75,9 @@ def read_table(path: str | Path, data_dir: str | Path) -> Table:
         reader = csv.DictReader(f)
         columns = [c.strip() for c in reader.fieldnames or []]
         label_col = "labels" if "labels" in columns else "label"
-        if "image" not in columns or label_col not in columns:
+        if label_col not in columns:  # numbers instead of a label: a regression
+            table.value_columns = [c for c in columns if c not in ("image", "split") and c]
+        if "image" not in columns or not (label_col in columns or table.value_columns):
             table.problems.append(f"{path} line 1: columns {columns or 'none'}; expected {FORMAT_HINT}")
             return table
         table.multilabel_column = label_col == "labels"
@@ -65,7 +86,13 @@ def read_table(path: str | Path, data_dir: str | Path) -> Table:
         for line, row in enumerate(reader, start=2):
             image, cell = (row.get("image") or "").strip(), row.get(label_col) or ""
             split = (row.get("split") or "").strip() or None
-            names = split_labels(cell, table.multilabel_column)
+            if table.value_columns:
+                names, bad = numbers(row, table.value_columns)
+                if bad:
+                    table.problems.append(f"{path} line {line}: {bad}")
+                    continue
+            else:
+                names = split_labels(cell, table.multilabel_column)
 
             def problem(text: str, line=line) -> None:
                 table.problems.append(f"{path} line {line}: {text}")
@@ -86,13 +113,28 @@ def read_table(path: str | Path, data_dir: str | Path) -> Table:
             table.rows.append((line, image, names, split))
     train_names = {n for _, _, names, split in table.rows if split in (None, "train") for n in names}
     for line, image, names, split in table.rows:
-        unknown = [n for n in names if n not in train_names]
+        unknown = [n for n in names if n not in train_names and not table.value_columns]
         if split in ("val", "test") and unknown:
             table.problems.append(f"{path} line {line}: label {', '.join(unknown)} of '{image}' is "
                                   "unknown: no training row has it")
     if not table.rows and not table.problems:
         table.problems.append(f"{path} has no rows; expected {FORMAT_HINT}")
     return table
+
+
+def numbers(row: dict, columns: list[str]) -> tuple[list[float], str | None]:
+    """The row's values of ``columns`` as floats, or what is wrong with the first that is not one."""
+    values = []
+    for column in columns:
+        cell = (row.get(column) or "").strip()
+        try:
+            value = float(cell)
+        except ValueError:
+            return [], f"'{cell}' in column '{column}' is not a number"
+        if not math.isfinite(value):
+            return [], f"'{cell}' in column '{column}' is not a finite number"
+        values.append(value)
+    return values, None
 
 
 def unlisted_images(table: Table, data_dir: str | Path) -> list[str]:
@@ -118,33 +160,43 @@ def discover_table(labels: str | Path, data_dir: str | Path, task: str = "auto",
         tail = (f" (and {more} more: python -m project check-data {data_dir} --labels {labels} lists "
                 "them)" if more else "")
         raise DataFolderError(table.problems[0] + tail)
-    classes = table.classes
-    if len(classes) < 2:
+    classes, kind = table.classes, table.task(task)
+    if len(classes) < 2 and not table.value_columns:
         raise DataFolderError(f"{labels}: only the label {classes} in the table; classification needs "
                               "at least two")
     index = {name: i for i, name in enumerate(classes)}
-    multilabel = table.multilabel(task)
 
-    def sample(image: str, names: list[str]) -> Sample:
+    def sample(image: str, names: list) -> Sample:
         path = str(Path(data_dir) / image)
-        if multilabel:
+        if table.value_columns:
+            return Sample(path, tuple(names))
+        if kind == tasks.MULTI_LABEL:
             return Sample(path, tuple(int(c in names) for c in classes))
-        if len(names) > 1:
-            raise DataFolderError(f"data.task=multiclass, but '{image}' in {labels} has several labels "
-                                  f"({', '.join(names)}); set data.task=multilabel or auto")
         return Sample(path, index[names[0]])
 
     by_split: dict[str | None, list[Sample]] = {s: [] for s in (None, *SPLITS)}
     for _, image, names, split in table.rows:
         by_split[split].append(sample(image, names))
-    if not multilabel:  # the folders' order (class, then path): the same split from the same files
+    if kind == tasks.DEFAULT:  # the folders' order (class, then path): the same split from the same files
         for samples in by_split.values():
             samples.sort(key=lambda s: (s.label, s.path))
     train = by_split["train"] + by_split[None]
     if by_split["val"]:
-        return FolderSplits(classes, train, by_split["val"], by_split["test"], multilabel)
+        return FolderSplits(classes, train, by_split["val"], by_split["test"], kind)
+    test = by_split["test"] if by_split["test"] or by_split["train"] else None
+    split = split_by_value if table.value_columns else split_off
+    return FolderSplits(classes, *split(train, test, val_fraction, test_fraction, seed, Path(data_dir)), kind)
+
+
+def split_by_value(train: list[Sample], test: list[Sample] | None, val_fraction: float,
+                   test_fraction: float, seed: int, folder: Path, bins: int = 5):
+    """The seeded split of numbers: stratified on quantile bins of the first value, so val and
+    test cover its range as training does."""
     from project.data.splits import split_off
 
-    test = by_split["test"] if by_split["test"] or by_split["train"] else None
-    return FolderSplits(classes, *split_off(train, test, val_fraction, test_fraction, seed,
-                                            Path(data_dir)), multilabel)
+    first = sorted(s.label[0] for s in train)
+    edges = [first[len(first) * k // bins] for k in range(1, bins)] if first else []
+    binned = [Sample(s.path, sum(s.label[0] >= e for e in edges)) for s in train]
+    original = {s.path: s for s in train}
+    parts = split_off(binned, test, val_fraction, test_fraction, seed, folder)
+    return tuple([original.get(s.path, s) for s in part] for part in parts)

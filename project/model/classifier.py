@@ -9,14 +9,11 @@ import lightning as L
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
-from torchmetrics import MaxMetric
-from torchmetrics.classification import MulticlassAccuracy
 from torchvision.transforms import v2
 
-from project.data.samplers import inverse_frequency
+from project import tasks
 from project.errors import ConfigError, require
 from project.model import backbones, schedule
-from project.model.metrics import StageMetrics, summary_metrics
 from project.model.param_groups import make_param_groups
 
 log = logging.getLogger("project")
@@ -34,8 +31,9 @@ class ImageClassifier(L.LightningModule):
         self,
         num_classes: int = 2,
         class_names: list[str] | None = None,
-        task: Literal["multiclass", "multilabel"] = "multiclass",
-        multilabel_loss: Literal["bce", "asymmetric"] = "bce",
+        task: str = tasks.DEFAULT,
+        label_stats: dict | None = None,
+        loss: str | None = None,
         backbone: str = "resnet18",
         weights: str | None = "DEFAULT",
         head: backbones.HeadKind = "linear",
@@ -94,16 +92,13 @@ class ImageClassifier(L.LightningModule):
         self.mixing = batch_mixing(num_classes, mixup_alpha, cutmix_alpha)
         self.register_buffer("class_weight", torch.ones(num_classes))  # in the checkpoint, for evaluate
         self.register_buffer("temperature", torch.ones(()))  # fitted by `python -m project calibrate`
-        self.criterion = functools.partial(nn.functional.cross_entropy, label_smoothing=label_smoothing)
-        self.task, self.monitor, self.summary_metrics = task, "val/acc", summary_metrics(num_classes)
-        self.train_acc = MulticlassAccuracy(num_classes, average="micro")
-        self.val_metrics = StageMetrics("val", self.class_names)
-        self.test_metrics = StageMetrics("test", self.class_names)
-        if task == "multilabel":  # its loss, metrics and thresholds: project/extras/multilabel/task.py
-            from project.extras.multilabel.task import make_multilabel
-
-            make_multilabel(self)
-        self.val_acc_best = MaxMetric()
+        # the task owns loss, metrics and outputs (project/tasks/); the data chose it
+        self.task = tasks.task_class(task)(self.class_names, loss, label_smoothing, label_stats)
+        self.task.check(dict(self.hparams))
+        self.train_acc = self.task.train_metric()
+        self.val_metrics = self.task.stage_metrics("val")
+        self.test_metrics = self.task.stage_metrics("test")
+        self.val_acc_best = self.task.best_metric()  # of the monitored metric (val/acc by default)
         self.val_acc_best.persistent(True)  # in checkpoints: a resumed run keeps its best so far
         self.results: dict[str, dict[str, torch.Tensor]] = {}  # last computed, for callbacks
         if channels_last:
@@ -116,20 +111,34 @@ class ImageClassifier(L.LightningModule):
             x = x.contiguous(memory_format=torch.channels_last)
         return self.net(x)
 
+    @property
+    def monitor(self) -> str:
+        return self.task.monitor
+
+    @property
+    def summary_metrics(self) -> list[str]:
+        return self.task.summary_metrics
+
     def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """The criterion (cross-entropy; multi-label: BCE) with the class weights and label smoothing."""
+        """The task's ``model.loss`` (cross-entropy by default) with the class weights."""
         weight = self.class_weight if self.hparams.class_weights is not None else None
-        return self.criterion(logits, target, weight=weight)
+        return self.task.loss(logits, target, weight)
 
     def setup(self, stage: str) -> None:
         weights = self.hparams.class_weights
         if stage == "fit" and weights is not None:
-            if weights == "balanced":
-                weights = inverse_frequency(self.trainer.datamodule.train_set.targets,
-                                            self.hparams.num_classes).tolist()
+            if weights == "balanced":  # from the training split's counts, which the data linked in
+                weights = self.task.label_stats.get("balanced_weights")
+                require(weights is not None, "model.class_weights", "balanced needs the training "
+                        "split's counts (model.label_stats, which the CLI links from the data)", "balanced")
             require(len(weights) == self.hparams.num_classes, "model.class_weights",
                     f"needs one weight per class ({self.hparams.num_classes})", weights)
             self.class_weight.copy_(torch.tensor(weights, dtype=torch.float32))
+
+    def answer_state(self) -> dict:
+        """What answers need beside the class names (``project/tasks/answers.py``): the task, the
+        temperature and the task's own state; kept in checkpoints and ONNX metadata."""
+        return {"task": self.task.name, "temperature": float(self.temperature), **self.task.state()}
 
     # -- steps ---------------------------------------------------------------------------
     def training_step(self, batch, batch_idx: int) -> torch.Tensor | None:
@@ -146,7 +155,7 @@ class ImageClassifier(L.LightningModule):
         self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, prog_bar=True)
         return loss
 
-    def _eval_step(self, batch, metrics: StageMetrics) -> None:
+    def _eval_step(self, batch, metrics: nn.Module) -> None:
         if batch is not None:
             x, y = batch
             logits = self(x)
@@ -158,7 +167,7 @@ class ImageClassifier(L.LightningModule):
     def test_step(self, batch, batch_idx: int) -> None:
         self._eval_step(batch, self.test_metrics)
 
-    def _eval_epoch_end(self, metrics: StageMetrics) -> None:
+    def _eval_epoch_end(self, metrics: nn.Module) -> None:
         values = metrics.compute()  # a collective under DDP: every rank computes
         if self.trainer.sanity_checking:
             return
@@ -206,12 +215,13 @@ class ImageClassifier(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:  # beside the weights: EMA swaps those
-        if self.task == "multilabel":
-            checkpoint["thresholds"] = self.thresholds.tolist()
+        checkpoint["task_state"] = self.task.state()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        if "thresholds" in checkpoint:
-            self.thresholds.copy_(torch.tensor(checkpoint["thresholds"]))
+        state = checkpoint.get("task_state")
+        if state is None and "thresholds" in checkpoint:  # written before the task seam
+            state = {"thresholds": checkpoint["thresholds"]}
+        self.task.load_state(state or {})
 
     def on_train_start(self) -> None:
         for config in self.trainer.lr_scheduler_configs:  # the run's lengths are known now

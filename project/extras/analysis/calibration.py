@@ -30,6 +30,7 @@ from project.checkpoints import checkpoint_task, read_checkpoint
 from project.common.files import atomic_path
 from project.errors import ProjectError
 from project.extras.analysis.predictions import calibrated_probabilities, predict_dataset
+from project.tasks import task_class
 
 log = logging.getLogger("project")
 # A fitted T outside this range means the validation set cannot tell: every image right with a
@@ -164,10 +165,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     a = p.parse_args(argv)
     ckpt = resolve_checkpoint(a.ckpt_path)
-    if checkpoint_task(ckpt) == "multilabel":
-        raise ProjectError(f"calibrate: '{ckpt}' is a multi-label model; temperature scaling is for one "
-                           "softmax over the classes, and its labels' thresholds were fitted on the "
-                           "validation set during training (they are in the checkpoint)")
+    task = checkpoint_task(ckpt)
+    if not task_class(task).one_class_per_image:
+        raise ProjectError(f"calibrate: '{ckpt}' is a {task} model; temperature scaling is for one "
+                           "softmax over the classes (a multi-label model's thresholds were fitted on "
+                           "the validation set during training and are in the checkpoint)")
     numbers = calibrate_checkpoint(ckpt, a.data_dir, batch_size=a.batch_size, device=a.device)
     print(format_numbers(numbers))
     print(f"Stored in {ckpt}: predict, evaluate and export now use it.")

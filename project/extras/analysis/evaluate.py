@@ -17,8 +17,8 @@ from project.checkpoints import checkpoint_task, read_checkpoint
 from project.cli import ProjectCLI
 from project.extras.analysis.calibration import ensure_temperature
 from project.extras.analysis.predictions import check_mirror_tta, predict_dataset
-from project.extras.analysis.report import write_report
 from project.runs import resolve_checkpoint, run_config
+from project.tasks import task_class
 
 
 def main(argv: list[str]) -> int:
@@ -34,9 +34,9 @@ def main(argv: list[str]) -> int:
     run = ckpt.parent.parent
     if a.tta == "hflip":
         check_mirror_tta(read_checkpoint(ckpt, mmap=True).get("datamodule_hyper_parameters") or {})
-    multilabel = checkpoint_task(ckpt) == "multilabel"
-    if int(os.environ.get("RANK", 0)) == 0 and not multilabel:  # under torchrun every rank runs it
-        ensure_temperature(ckpt)  # multi-label: per-label thresholds instead, fitted in training
+    calibrated = task_class(checkpoint_task(ckpt)).one_class_per_image  # one softmax to calibrate
+    if int(os.environ.get("RANK", 0)) == 0 and calibrated:  # under torchrun every rank runs it
+        ensure_temperature(ckpt)
     cli = ProjectCLI(args=["test", "--config", str(run_config(run)), f"--ckpt_path={ckpt}",
                            "--verbose=false", *overrides], run_dir=run)
     if not cli.trainer.is_global_zero:
@@ -44,12 +44,6 @@ def main(argv: list[str]) -> int:
     model, dm = cli.model, cli.datamodule
     samples = predict_dataset(model, dm.datasets["test"], dm.batch_size, model.device,
                               mirrored=a.tta == "hflip")
-    if multilabel:
-        from project.extras.multilabel.report import write_multilabel_report
-
-        write_multilabel_report(model.results["test"], model.class_names, str(ckpt), Path(ckpt).parent,
-                                samples, dm.datasets["test"], model.thresholds)
-        return 0
-    write_report(model.results["test"], model.class_names, str(ckpt), Path(ckpt).parent, samples,
-                 dm.datasets["test"], float(model.temperature), model.preprocessing, a.top, a.target_acc)
+    model.task.write_report(model, model.results["test"], str(ckpt), Path(ckpt).parent, samples,
+                            dm.datasets["test"], a.top, a.target_acc)
     return 0

@@ -15,12 +15,10 @@ from project.data.datasets import collate_skipping_bad
 from project.errors import ProjectError
 
 
-def calibrated_probabilities(logits: torch.Tensor, temperature: torch.Tensor | float = 1.0,
-                             multilabel: bool = False) -> torch.Tensor:
-    """``softmax(logits / T)``, as every command reports it (``common.predictions.softmax``: NumPy);
-    multi-label: each label's ``sigmoid(logits / T)``."""
-    z = logits.float() / temperature
-    return z.sigmoid() if multilabel else z.softmax(-1)
+def calibrated_probabilities(logits: torch.Tensor, temperature: torch.Tensor | float = 1.0) -> torch.Tensor:
+    """``softmax(logits / T)`` of a one-class-per-image model, for the analyses (the answers of
+    every task: ``project/tasks/answers.py``)."""
+    return (logits.float() / temperature).softmax(-1)
 
 
 class Indexed(Dataset):

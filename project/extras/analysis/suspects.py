@@ -64,10 +64,10 @@ def out_of_fold_probabilities(overrides: list[str], folds: int, seed: int = 0):
         cli = build(FOLD_ARGS, overrides)
         dm = cli.datamodule
         full = dm.splits
-        if full.multilabel:
-            raise ConfigError("suspects ranks images by disagreement with their one label; data.labels "
-                              "holds multi-label rows, which it does not handle yet (evaluate's "
-                              "mistakes.csv lists the test images with a missed or wrong label)")
+        if not cli.model.task.one_class_per_image:
+            raise ConfigError(f"suspects ranks images by disagreement with their one label; data.labels "
+                              f"describes a {full.task} task, which it does not handle (evaluate's "
+                              "mistakes.csv lists the test images it gets most wrong)")
         if samples is None:
             samples, names = list(full.train), full.classes
             counts = np.bincount([s.label for s in samples], minlength=len(names))

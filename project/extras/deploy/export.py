@@ -49,22 +49,12 @@ def batches(dataset, batch_size: int = 32) -> Iterator[tuple[torch.Tensor, torch
             yield batch
 
 
-def accuracy(run: Callable[[torch.Tensor], np.ndarray], batches) -> float | None:
-    correct = total = 0
-    for x, y in batches:
-        correct += int((np.asarray(run(x)).argmax(1) == y.numpy()).sum())
-        total += len(y)
-    return correct / total if total else None
-
-
-def mean_ap(run: Callable[[torch.Tensor], np.ndarray], batches) -> float | None:
-    """A multi-label model's macro mAP (over the labels present), as training logs ``val/map``."""
-    from project.extras.multilabel.task import per_label_ap
-
-    parts = [(torch.from_numpy(np.asarray(run(x))).sigmoid(), y) for x, y in batches]
+def task_score(run: Callable[[torch.Tensor], np.ndarray], batches, score) -> float | None:
+    """The task's export score (``Task.export_score``) of a format's outputs on ``batches``."""
+    parts = [(torch.from_numpy(np.asarray(run(x))).float(), y) for x, y in batches]
     if not parts:
         return None
-    return float(per_label_ap(torch.cat([p for p, _ in parts]), torch.cat([y for _, y in parts])).nanmean())
+    return score(torch.cat([p for p, _ in parts]), torch.cat([y for _, y in parts]))
 
 
 def median_ms(run: Callable[[torch.Tensor], object], x: torch.Tensor, repeats: int) -> float:
@@ -99,8 +89,8 @@ def export_checkpoint(ckpt_path: Path, out: Path, formats: list[str], data_dir: 
     if "int8" in formats and "onnx" not in formats:
         formats = ["onnx", *formats]
     size = hp.image_size
-    # what the formats are compared on: accuracy, or a multi-label model's mAP
-    metric, score = ("val_map", mean_ap) if model.task == "multilabel" else ("val_acc", accuracy)
+    # what the formats are compared on: the task's (accuracy, a multi-label model's mAP, ...)
+    metric, task_fn = model.task.export_score()
     val = dm.make_dataset("val") if splits is not None and splits.val else None
 
     def val_batches():
@@ -115,7 +105,7 @@ def export_checkpoint(ckpt_path: Path, out: Path, formats: list[str], data_dir: 
             "file": file.name if file else None,
             "size_mb": round(file.stat().st_size / 2**20, 3) if file else None,
             "max_abs_diff": diff,
-            metric: score(run, val_batches()),
+            metric: task_score(run, val_batches(), task_fn),
             **{f"latency_ms_b{b}": round(median_ms(run, x, repeats), 3) for b, x in inputs.items()},
         }
 
@@ -135,7 +125,7 @@ def export_checkpoint(ckpt_path: Path, out: Path, formats: list[str], data_dir: 
                     diff = float(max(np.abs(run(x) - net(x).numpy()).max()
                                      for x in exporters.parity_inputs(size)))
                     measure(name, run, path, diff)
-                    _check_int8_accuracy(rows, int8_max_drop, path, metric)
+                    _check_int8_accuracy(rows, int8_max_drop, path, metric, model.task.mode)
                 elif name == "torchscript":
                     diff = exporters.export_torchscript(net, path, size, tolerance)
                     loaded = torch.jit.load(str(path))
@@ -152,9 +142,8 @@ def export_checkpoint(ckpt_path: Path, out: Path, formats: list[str], data_dir: 
               "the accuracies (python -m project check-data lists them)")
     report = {"checkpoint": str(ckpt_path), "threads": threads, "image_size": size,
               "class_names": model.class_names, "formats": rows, "metric": metric,
-              "probabilities": "sigmoid" if model.task == "multilabel" else "softmax",
-              # every format outputs raw logits; probabilities are softmax(logits / temperature)
-              "temperature": float(model.temperature),
+              # every format outputs raw logits; project/tasks/answers.py makes the answers
+              "answers": model.answer_state(),
               "latency": f"median of {repeats} runs after 3 warm-up runs, {threads} threads"}
     _write_report(out, report)
     return report
@@ -172,23 +161,27 @@ def _export_int8(out: Path, dm, n: int, method: str) -> None:
     quantize_int8(out / FILES["onnx"], out / FILES["int8"], images, method)
 
 
-def _check_int8_accuracy(rows: dict, max_drop: float, path: Path, metric: str = "val_acc") -> None:
+def _check_int8_accuracy(rows: dict, max_drop: float, path: Path, metric: str = "val_acc",
+                         mode: str = "max") -> None:
+    """INT8 may lose at most ``max_drop`` of the metric (of a lower-is-better one: that share of it)."""
     fp32, int8 = rows["onnx"][metric], rows["int8"][metric]
-    if fp32 is not None and int8 is not None and fp32 - int8 > max_drop:
+    if fp32 is None or int8 is None:
+        return
+    drop = fp32 - int8 if mode == "max" else (int8 - fp32) / max(abs(fp32), 1e-12)
+    if drop > max_drop:
         path.unlink(missing_ok=True)
-        what = "mAP" if metric == "val_map" else "accuracy"
         raise exporters.ExportError(
-            f"INT8 validation {what} {int8:.4f} is {fp32 - int8:.4f} below FP32 ({fp32:.4f}), "
-            f"more than --int8_max_drop={max_drop}; try --calibration_method percentile or more "
-            "--calibration_images (the INT8 file was removed)"
+            f"INT8 {metric} {int8:.4f} is {'a share ' if mode == 'min' else ''}{drop:.4f} worse than FP32 "
+            f"({fp32:.4f}), more than --int8_max_drop={max_drop}; try --calibration_method percentile "
+            "or more --calibration_images (the INT8 file was removed)"
         )
 
 
 def _write_report(out: Path, report: dict) -> None:
     lines = [f"# Export report\n\nCheckpoint: `{report['checkpoint']}`  \n"
              f"Latency: {report['latency']}.  \n"
-             f"Outputs are logits; calibrated probabilities are {report['probabilities']}(logits / "
-             f"{report['temperature']:.6g}) (the temperature is in model.onnx's metadata).\n",
+             f"Outputs are the network's raw outputs; the answers ({report['answers']['task']}) are made "
+             "from them with the state in model.onnx's metadata (project/tasks/answers.py).\n",
              f"| format | file | size (MB) | max abs diff vs PyTorch | {report['metric'].replace('_', ' ')} "
              "| latency b1 (ms) | latency b32 (ms) |", "|---|---|---|---|---|---|---|"]
 

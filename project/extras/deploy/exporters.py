@@ -17,6 +17,7 @@ from torch import nn
 from project.common.files import atomic_path
 from project.errors import ProjectError
 from project.extras.deploy.infer import ort_session, to_metadata
+from project.tasks import answers
 
 PARITY_BATCHES = (1, 3, 8)
 ONNX_OPSET = 18
@@ -48,22 +49,16 @@ def check_parity(name: str, reference: nn.Module, run: Callable[[torch.Tensor], 
 
 
 def onnx_metadata(model) -> dict[str, str]:
-    """What a deployment needs to preprocess and name the outputs, stored in the file."""
-    meta = {
+    """What a deployment needs to preprocess and name the outputs, stored in the file: the
+    preprocessing, the names, and the answer state (task, temperature, thresholds, target scaling)."""
+    return {
         "class_names": json.dumps(model.class_names),
         **to_metadata(model.preprocessing),
         "backbone": model.hparams.backbone,
-        # temperature scaling (python -m project calibrate): 1 when not fitted
-        "temperature": repr(float(getattr(model, "temperature", 1.0))),
         "input": "float32 NCHW RGB, scaled to 0..1 then normalised with mean/std",
-        "output": "logits; calibrated probabilities are softmax(logits / temperature)",
-        "task": getattr(model, "task", "multiclass"),
+        "output": "raw outputs; project/tasks/answers.py turns them into answers with this metadata",
+        **answers.to_metadata(model.answer_state()),
     }
-    if meta["task"] == "multilabel":  # one sigmoid per label; a label is predicted at its threshold
-        meta["thresholds"] = json.dumps([float(t) for t in model.thresholds])
-        meta["output"] = ("logits; label probabilities are sigmoid(logits / temperature), a label "
-                          "predicted at or above its threshold")
-    return meta
 
 
 def ort_runner(session) -> Callable[[torch.Tensor], np.ndarray]:

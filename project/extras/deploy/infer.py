@@ -6,9 +6,9 @@ For deployment, copy this file, ``project/common/``, ``project/errors.py``, the 
 ``__init__.py`` files of ``project/``, ``project/extras/`` and ``project/extras/deploy/``, and the
 .onnx file;
 the preprocessing (input size, crop ratio, interpolation, mean and std), the class names and the
-temperature (multi-label: the task and each label's threshold) are read from the model's
-metadata. Probabilities are ``softmax(logits / temperature)`` (multi-label: ``sigmoid``), as
-``predict`` gives them, and the CSV has ``predict``'s columns.
+answer state (the task, temperature, thresholds, target scaling) are read from the model's
+metadata, and ``project/tasks/answers.py`` (with the import-free ``project/tasks/__init__.py``)
+makes ``predict``'s rows from them: the same numbers and columns.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from PIL import Image
 
 from project.common.files import list_images
 from project.common.pixels import DECODE_ERRORS, read_rgb
-from project.common.predictions import error_row, sigmoid, softmax, top_k_row, unsure, write_csv
+from project.common.predictions import error_row, write_csv
 from project.common.preprocessing import Preprocessing
+from project.tasks import answers
 
 RESAMPLING = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC,
               "nearest": Image.Resampling.NEAREST}
@@ -62,13 +63,11 @@ class OnnxClassifier:
                              "`python -m project export`")
         self.class_names: list[str] = json.loads(meta["class_names"])
         self.preprocessing = from_metadata(meta)
-        self.temperature = float(meta.get("temperature", 1.0))  # 1: exported before calibration
-        if not self.temperature > 0:
-            raise ValueError(f"{model_path}: metadata temperature must be above 0, got "
-                             f"{meta['temperature']!r}")
+        try:
+            self.answers = answers.answers(self.class_names, answers.from_metadata(meta))
+        except ValueError as err:
+            raise ValueError(f"{model_path}: metadata {err}") from None
         self.input_name = self.session.get_inputs()[0].name
-        self.thresholds = (np.asarray(json.loads(meta["thresholds"]), np.float64)
-                           if meta.get("task") == "multilabel" else None)  # None: one class per image
 
     def read(self, path: str) -> np.ndarray:
         """The image at ``path``, decoded as training's evaluation decodes it (same pixels)."""
@@ -78,10 +77,6 @@ class OnnxClassifier:
         batch = np.stack([preprocess(im, self.preprocessing) for im in images]).astype(np.float32)
         return self.session.run(None, {self.input_name: batch})[0]
 
-    def probabilities(self, images: list[np.ndarray]) -> np.ndarray:
-        if self.thresholds is not None:
-            return sigmoid(self.logits(images), self.temperature)
-        return softmax(self.logits(images), self.temperature)
 
 
 def preprocess(rgb: np.ndarray, pre: Preprocessing) -> np.ndarray:
@@ -101,9 +96,9 @@ def preprocess(rgb: np.ndarray, pre: Preprocessing) -> np.ndarray:
     return (x - np.reshape(pre.mean, (3, 1, 1))) / np.reshape(pre.std, (3, 1, 1))
 
 
-def classify(model: OnnxClassifier, paths: list[str], top_k: int = 3, batch_size: int = 32) -> list[dict]:
+def classify(model: OnnxClassifier, paths: list[str], top_k: int = 3, batch_size: int = 32,
+             min_confidence: str | None = None) -> list[dict]:
     """``predict``'s rows for ``paths``, in their order; unreadable files get an error row."""
-    k = min(top_k, len(model.class_names))
     rows: dict[str, dict] = {}
     for start in range(0, len(paths), batch_size):
         good, images = [], []
@@ -114,8 +109,8 @@ def classify(model: OnnxClassifier, paths: list[str], top_k: int = 3, batch_size
             except DECODE_ERRORS as err:
                 rows[path] = error_row(path, f"{type(err).__name__}: {err}")
         if images:
-            for path, p in zip(good, model.probabilities(images), strict=True):
-                rows[path] = top_k_row(path, p, model.class_names, k, model.thresholds)
+            rows.update(zip(good, model.answers.rows(good, model.logits(images), top_k, min_confidence),
+                            strict=True))
     return [rows[p] for p in paths]
 
 
@@ -125,22 +120,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("model", help="an exported .onnx file")
     p.add_argument("input", help="an image file or a folder of images")
     p.add_argument("--output", default="preds.csv")
-    p.add_argument("--top_k", type=int, default=3)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--min_confidence", type=float, default=None, help="below it: 'unsure'")
+    answers.add_arguments(p)
     a = p.parse_args(argv)
     try:
         model = OnnxClassifier(a.model, a.threads)
         if not Path(a.input).exists():
             raise FileNotFoundError(f"'{a.input}' does not exist")
         paths = list_images(a.input)
-    except (ValueError, OSError) as err:  # a missing or foreign model file, a missing input
+        model.answers.policy(a.min_confidence)  # a bad policy fails before any image is read
+        rows = classify(model, paths, a.top_k, min_confidence=a.min_confidence)
+    except (ValueError, OSError) as err:  # a missing or foreign model file, a missing input, a bad option
         print(f"error: {err}", file=sys.stderr)
         return 2
-    rows = classify(model, paths, a.top_k)
-    if a.min_confidence is not None:
-        rows = [unsure(r, a.min_confidence) for r in rows]
-    write_csv(rows, a.output, min(a.top_k, len(model.class_names)))
+    write_csv(rows, a.output)
     failed = sum(1 for r in rows if r["error"])
     print(f"{len(rows) - failed} images classified with {a.model} -> {a.output}")
     return 0

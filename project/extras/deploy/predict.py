@@ -2,10 +2,11 @@
 
     python -m project predict --ckpt_path PATH --input DIR_OR_FILE --output preds.csv
 
-Uses the preprocessing, class names and temperature stored in the checkpoint, so it needs
-neither the training data nor a config; ``confidence`` is the calibrated probability
-``softmax(logits / temperature)`` (temperature 1 until ``evaluate`` or ``calibrate`` fits it);
-for a multi-label model ``predicted`` lists the labels at or above their thresholds.
+Uses the preprocessing, class names and answer state stored in the checkpoint, so it needs
+neither the training data nor a config; the rows come from the task's answers
+(``project/tasks/answers.py``): ``confidence`` is the calibrated probability
+``softmax(logits / temperature)`` (temperature 1 until ``evaluate`` or ``calibrate`` fits it), a
+multi-label model lists the labels at or above their thresholds, a regression model its values.
 The CSV is the one ``infer.py`` writes from an exported ONNX file.
 """
 
@@ -19,14 +20,15 @@ import torch
 from project.checkpoints import load_model, read_checkpoint
 from project.common.files import list_images
 from project.common.pixels import DECODE_ERRORS, read_rgb
-from project.common.predictions import error_row, top_k_row, unsure, write_csv
+from project.common.predictions import error_row, write_csv
 from project.data.datasets import ImageDataset
 from project.data.folders import Sample
 from project.data.images import needed_side
 from project.data.transforms import eval_transforms
 from project.errors import ProjectError
-from project.extras.analysis.predictions import calibrated_probabilities, check_mirror_tta, predict_dataset
+from project.extras.analysis.predictions import check_mirror_tta, predict_dataset
 from project.runs import resolve_checkpoint
+from project.tasks import answers
 
 
 def input_files(spec: str | Path) -> list[str]:
@@ -37,8 +39,12 @@ def input_files(spec: str | Path) -> list[str]:
 
 
 def predict_files(model, paths: list[str], top_k: int = 3, batch_size: int = 64,
-                  num_workers: int = 0, device: str = "cpu", tta: bool = False) -> list[dict]:
-    """Rows of {path, predicted, confidence, top-k, error}, in the order of ``paths``."""
+                  num_workers: int = 0, device: str = "cpu", tta: bool = False,
+                  min_confidence: str | None = None) -> list[dict]:
+    """The task's rows ({path, predicted, confidence, top-k, error} for a classifier), in the
+    order of ``paths``."""
+    answer = answers.answers(model.class_names, model.answer_state())
+    answer.policy(min_confidence)  # a bad policy fails before any image is read
     pre = model.preprocessing
     dataset = ImageDataset([Sample(p, -1) for p in paths], eval_transforms(pre),
                            short_side=needed_side(pre))
@@ -46,14 +52,12 @@ def predict_files(model, paths: list[str], top_k: int = 3, batch_size: int = 64,
         out = predict_dataset(model, dataset, batch_size, device, num_workers, mirrored=tta)
     except ProjectError:  # not one decodable image: every row says why
         return [error_row(p, decode_error(p)) for p in paths]
-    multilabel = model.task == "multilabel"
-    probs = calibrated_probabilities(out["logits"], model.temperature.cpu(), multilabel)
-    if tta:  # the mean probabilities of each image and its mirror image
-        probs = (probs + calibrated_probabilities(out["mirrored"], model.temperature.cpu(), multilabel)) / 2
-    k = min(top_k, len(model.class_names))
-    thresholds = model.thresholds.double().numpy() if multilabel else None
-    rows = {int(i): top_k_row(paths[int(i)], p, model.class_names, k, thresholds)
-            for i, p in zip(out["index"], probs.double().numpy(), strict=True)}
+    scores = answer.scores(out["logits"].double().numpy())
+    if tta:  # the mean of each image's and its mirror image's probabilities (or values)
+        scores = (scores + answer.scores(out["mirrored"].double().numpy())) / 2
+    index = out["index"].tolist()
+    rows = dict(zip(index, answer.rows_from_scores([paths[i] for i in index], scores, top_k, min_confidence),
+                    strict=True))
     return [rows.get(i) or error_row(paths[i], decode_error(paths[i])) for i in range(len(paths))]
 
 
@@ -71,12 +75,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--ckpt_path", default="best", help="a .ckpt, a run folder, best or last")
     p.add_argument("--input", required=True, help="an image file or a folder of images")
     p.add_argument("--output", default="preds.csv", help="CSV file to write")
-    p.add_argument("--top_k", type=int, default=3)
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--num_workers", type=int, default=0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--min_confidence", type=float, default=None,
-                   help="below it an image is answered 'unsure' (evaluate's report suggests one)")
+    answers.add_arguments(p)
     p.add_argument("--tta", default="none", choices=["none", "hflip"],
                    help="hflip: average each image's probabilities with its mirror image's")
     a = p.parse_args(argv)
@@ -87,10 +89,9 @@ def main(argv: list[str]) -> int:
     if not paths:
         raise ProjectError(f"no image files in '{a.input}'")
     model = load_model(ckpt)
-    rows = predict_files(model, paths, a.top_k, a.batch_size, a.num_workers, a.device, a.tta == "hflip")
-    if a.min_confidence is not None:
-        rows = [unsure(r, a.min_confidence) for r in rows]
-    write_csv(rows, Path(a.output), min(a.top_k, len(model.class_names)))
+    rows = predict_files(model, paths, a.top_k, a.batch_size, a.num_workers, a.device, a.tta == "hflip",
+                         a.min_confidence)
+    write_csv(rows, Path(a.output))
     failed = [r for r in rows if r["error"]]
     print(f"{len(rows) - len(failed)} images classified with {ckpt} -> {a.output}")
     for r in failed:

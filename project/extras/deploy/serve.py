@@ -29,8 +29,8 @@ import numpy as np
 from PIL import Image
 
 from project.common.pixels import DECODE_ERRORS
-from project.common.predictions import top_k_row, unsure
 from project.errors import ProjectError
+from project.tasks import answers
 
 RAW_TYPES = ("image/", "application/octet-stream")
 
@@ -127,8 +127,9 @@ class ClassifierAPI(ls.LitAPI):
     """The checkpoint through ``predict``'s own functions, or the ONNX file through ``infer.py``'s:
     each image's row is the one those commands write. Module-level: LitServe's workers unpickle it."""
 
-    def __init__(self, ckpt: Path | None, onnx: Path | None, top_k: int = 3, min_confidence: float = 0.0,
-                 max_batch_size: int = 1, batch_timeout: float = 0.0) -> None:
+    def __init__(self, ckpt: Path | None, onnx: Path | None, top_k: int = 3,
+                 min_confidence: str | None = None, max_batch_size: int = 1,
+                 batch_timeout: float = 0.0) -> None:
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout)
         self.ckpt, self.onnx_path, self.top_k, self.min_confidence = ckpt, onnx, top_k, min_confidence
 
@@ -137,14 +138,13 @@ class ClassifierAPI(ls.LitAPI):
             from project.extras.deploy.infer import OnnxClassifier
 
             self.onnx = OnnxClassifier(self.onnx_path)
-            self.names, self.thresholds = self.onnx.class_names, self.onnx.thresholds
+            self.answers = self.onnx.answers
         else:
             from project.checkpoints import load_model
 
             self.model = load_model(self.ckpt).to(device)
-            self.device, self.names = device, self.model.class_names
-            multilabel = self.model.task == "multilabel"
-            self.thresholds = self.model.thresholds.double().numpy() if multilabel else None
+            self.device = device
+            self.answers = answers.answers(self.model.class_names, self.model.answer_state())
 
     def decode_request(self, request) -> tuple[list[tuple[str, object]], bool]:
         """Each upload checked and decoded here, per request: a bad one fails its own request only.
@@ -173,14 +173,14 @@ class ClassifierAPI(ls.LitAPI):
         requests = requests if self.max_batch_size > 1 else [requests]
         flat = [(name, image, cam) for files, cam in requests for name, image in files]
         images = [image for _, image, _ in flat]
-        probs = (self.onnx.probabilities(images) if self.onnx_path is not None
-                 else torch_probabilities(self.model, images, self.device))
-        k = min(self.top_k, len(self.names))
-        rows = []
-        for (name, image, cam), p in zip(flat, probs, strict=True):
-            rows.append(unsure(top_k_row(name, p, self.names, k, self.thresholds), self.min_confidence))
+        logits = (self.onnx.logits(images) if self.onnx_path is not None
+                  else torch_logits(self.model, images, self.device))
+        scores = self.answers.scores(logits)
+        rows = self.answers.rows_from_scores([name for name, _, _ in flat], scores, self.top_k,
+                                             self.min_confidence)
+        for row, (_, image, cam), s in zip(rows, flat, scores, strict=True):
             if cam:  # the top class's Grad-CAM, for the page
-                rows[-1]["cam"] = grad_cam_png(self.model, image, int(p.argmax()), self.device)
+                row["cam"] = grad_cam_png(self.model, image, int(s.argmax()), self.device)
         out, start = [], 0
         for files, _ in requests:
             out.append(rows[start:start + len(files)])
@@ -191,20 +191,16 @@ class ClassifierAPI(ls.LitAPI):
         return {"predictions": rows}
 
 
-def torch_probabilities(model, images: list, device: str) -> np.ndarray:
-    """``predict``'s numbers: the evaluation transform of each decoded image, float32, eval mode,
-    ``calibrated_probabilities`` with the checkpoint's temperature."""
+def torch_logits(model, images: list, device: str) -> np.ndarray:
+    """``predict``'s raw outputs: the evaluation transform of each decoded image, float32, eval mode."""
     import torch
 
     from project.data.transforms import eval_transforms
-    from project.extras.analysis.predictions import calibrated_probabilities
 
     transform = eval_transforms(model.preprocessing)
     x = torch.stack([transform(image) for image in images]).to(device)
     with torch.inference_mode():
-        logits = model(x).float().cpu()
-    probs = calibrated_probabilities(logits, model.temperature.cpu(), model.task == "multilabel")
-    return probs.double().numpy()
+        return model(x).float().cpu().double().numpy()
 
 
 def grad_cam_png(model, image, class_index: int, device: str) -> str | None:
@@ -239,16 +235,14 @@ def model_info(ckpt: Path | None, onnx: Path | None) -> dict:
         from project.extras.deploy.infer import OnnxClassifier
 
         clf = OnnxClassifier(onnx)
-        names, pre, temperature, task = clf.class_names, clf.preprocessing, clf.temperature, (
-            "multilabel" if clf.thresholds is not None else "multiclass")
+        names, pre, state = clf.class_names, clf.preprocessing, clf.answers.state
     else:
         from project.checkpoints import load_model
 
         model = load_model(ckpt)
-        names, pre, temperature, task = (model.class_names, model.preprocessing, float(model.temperature),
-                                         model.task)
-    return {"classes": names, "task": task, "file": str(path), "sha256": digest, "cam": onnx is None,
-            "temperature": temperature,
+        names, pre, state = model.class_names, model.preprocessing, model.answer_state()
+    return {"classes": names, "task": state.get("task"), "file": str(path), "sha256": digest,
+            "cam": onnx is None, "temperature": state.get("temperature", 1.0), "answers": state,
             "preprocessing": {"image_size": pre.image_size, "resize_size": pre.resize_size,
                               "crop_ratio": pre.crop_ratio, "interpolation": pre.interpolation,
                               "mean": list(pre.mean), "std": list(pre.std)}}
@@ -272,8 +266,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--onnx", default=None, help="an exported model.onnx instead (no torch at request time)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--top_k", type=int, default=3)
-    p.add_argument("--min_confidence", type=float, default=0.0, help="below it the answer is 'unsure'")
+    answers.add_arguments(p)
     p.add_argument("--max_batch_size", type=int, default=1, help="dynamic batching: requests per batch")
     p.add_argument("--batch_timeout", type=float, default=0.0, help="seconds a batch waits to fill")
     p.add_argument("--workers", type=int, default=1, help="worker processes per device")
@@ -286,8 +279,8 @@ def main(argv: list[str]) -> int:
     a = parser().parse_args(argv)
     # batch/unbatch pass the requests through; with max_batch_size 1 LitServe does not call them
     warnings.filterwarnings("ignore", message="The LitServer has both batch and unbatch")
-    if not 0 <= a.min_confidence <= 1 or a.max_batch_size < 1 or a.batch_timeout < 0:
-        raise ProjectError("--min_confidence must be in [0, 1], --max_batch_size >= 1, --batch_timeout >= 0")
+    if a.max_batch_size < 1 or a.batch_timeout < 0:
+        raise ProjectError("--max_batch_size must be >= 1 and --batch_timeout >= 0")
     onnx = Path(a.onnx) if a.onnx else None
     if onnx is not None and not onnx.is_file():
         raise ProjectError(f"--onnx '{onnx}' does not exist")
@@ -298,6 +291,7 @@ def main(argv: list[str]) -> int:
     else:
         ckpt = None
     info = model_info(ckpt, onnx)  # fails in one line before the server starts
+    answers.answers(info["classes"], info["answers"]).policy(a.min_confidence)  # so does a bad policy
     api = ClassifierAPI(ckpt, onnx, a.top_k, a.min_confidence, a.max_batch_size, a.batch_timeout)
     accelerator = "cpu" if onnx is not None else a.accelerator
     server = ls.LitServer(api, accelerator=accelerator, workers_per_device=a.workers, model_metadata=info,

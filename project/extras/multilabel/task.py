@@ -1,19 +1,15 @@
-"""The multi-label task (``model.task: multilabel``): one sigmoid per label, BCE (or the
-asymmetric loss), mAP and metrics at per-label thresholds fitted on the validation set.
+"""The multi-label task's numbers (``project/tasks/multilabel.py`` is the task): BCE or the
+asymmetric loss, mAP, and metrics at per-label thresholds fitted on the validation set.
 
-The classifier imports this module only for a multi-label model; the single-label path never
-loads it. The thresholds maximise each label's F1 on the validation set; they travel in the
-checkpoint and the ONNX metadata, so predict, infer.py and evaluate's test split use them.
+Loaded only for a multi-label model. The thresholds maximise each label's F1 on the validation
+set; they travel in the checkpoint and the ONNX metadata (the task's ``state``).
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import nn
 from torchmetrics import CatMetric, MeanMetric
-from torchmetrics.classification import MultilabelExactMatch
 from torchmetrics.functional.classification import (
     multilabel_average_precision,
     multilabel_exact_match,
@@ -23,26 +19,7 @@ from torchmetrics.functional.classification import (
     multilabel_recall,
 )
 
-from project.errors import require
-
 THRESHOLD_GRID = torch.linspace(0.02, 0.98, 49)  # a grid: robust to a small validation set
-
-
-def make_multilabel(model) -> None:
-    """Turn an ``ImageClassifier`` into a multi-label one: its criterion, metrics (val fits the
-    thresholds, test applies them), the metric its best checkpoint is chosen by, its summary."""
-    hp, n = model.hparams, model.hparams.num_classes
-    require(hp.mixup_alpha == hp.cutmix_alpha == 0, "model.mixup_alpha/cutmix_alpha", "must be 0 for "
-            "multi-label data (torchvision's MixUp and CutMix mix one class per image)",
-            (hp.mixup_alpha, hp.cutmix_alpha))
-    model.criterion = functools.partial(multilabel_loss, label_smoothing=hp.label_smoothing,
-                                        kind=hp.multilabel_loss)
-    model.monitor = "val/map"
-    model.summary_metrics = ["val/map_best", "val/map", "val/map_micro", "val/acc", "val/f1", "val/loss"]
-    model.thresholds = torch.full((n,), 0.5)  # in the checkpoint (``on_save_checkpoint``)
-    model.train_acc = MultilabelExactMatch(n)
-    model.val_metrics = MultilabelStageMetrics("val", model.class_names, model.thresholds, fit=True)
-    model.test_metrics = MultilabelStageMetrics("test", model.class_names, model.thresholds)
 
 
 def multilabel_loss(logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None,

@@ -55,8 +55,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--report", action="store_true",
                    help="run no trial: write the study's table, best.yaml and plots as they stand")
     p.add_argument("--metric", default=None,
-                   help="the validation metric to optimise (default val/acc; multi-label data: val/map)")
-    p.add_argument("--direction", default="max", choices=sorted(DIRECTIONS))
+                   help="the validation metric to optimise (default: the task's, as the best "
+                        "checkpoint's: val/acc; multi-label data: val/map; regression: val/mae)")
+    p.add_argument("--direction", default=None, choices=sorted(DIRECTIONS),
+                   help="default: the task's for its metric, else max")
     p.add_argument("--pruner", default="median:3:1",
                    help="median[:STARTUP_TRIALS[:WARMUP_EPOCHS]], halving[:WARMUP_EPOCHS] or none")
     p.add_argument("--seeds", type=int, default=0,
@@ -74,7 +76,6 @@ def main(argv: list[str]) -> int:
     a, rest = parser().parse_known_args(argv)
     if a.report:
         return report_only(a.study or Path(a.sweep).stem, a.storage)
-    direction = DIRECTIONS[a.direction]
     if a.n_trials < 0 or a.seeds < 0 or a.heartbeat < 1:
         raise ConfigError("--n_trials and --seeds must be >= 0 and --heartbeat >= 1")
     space = load_space(a.sweep)
@@ -84,7 +85,9 @@ def main(argv: list[str]) -> int:
     folder = SWEEP_ROOT / name
     # before any trial or database: every key and value, and the trial's own arguments
     config = check_against_config(space, base_args, a.sweep, tuple(TRIAL_ARGS))
-    a.metric = a.metric or default_metric(config)
+    metric, mode = default_objective(config)
+    direction = DIRECTIONS[a.direction or (mode if a.metric in (None, metric) else "max")]
+    a.metric = a.metric or metric
     url = storage_url(name, a.storage)
     with claim_lock(url, name):  # workers started at once: one creates the tables and the study
         storage = open_storage(url)
@@ -120,15 +123,18 @@ def report_only(name: str, storage: str | None) -> int:
     return 0
 
 
-def default_metric(config) -> str:
-    """What the best checkpoint is chosen by: val/acc, or val/map for multi-label data."""
-    labels = config.get("data.labels")
+def default_objective(config) -> tuple[str, str]:
+    """(metric, max or min): what the task of the config's data chooses its best checkpoint by
+    (val/acc; multi-label data: val/map; numbers: the lowest val/mae)."""
+    from project import tasks
+
+    task, labels = config.get("data.task") or "auto", config.get("data.labels")
     if labels:
         from project.data.tables import read_table
 
-        if read_table(labels, config.get("data.data_dir")).multilabel(config.get("data.task") or "auto"):
-            return "val/map"
-    return "val/acc"
+        task = read_table(labels, config.get("data.data_dir")).task(task)
+    cls = tasks.task_class(tasks.DEFAULT if task == "auto" else task)
+    return cls.monitor, cls.mode
 
 
 def report(study, space: list[Param], base_args: list[str], metric: str, folder: Path) -> str | None:
