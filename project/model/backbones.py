@@ -68,8 +68,8 @@ def build(name: str, weights: str | None, num_classes: int, head: Head = Head(),
           image_size: int | None = None) -> Backbone:
     """A torchvision or ``timm/<name>`` model with ``weights`` and a fresh ``num_classes`` head
     (``image_size`` reaches timm models built for one input size, e.g. ViTs)."""
-    if num_classes < 2:
-        raise WeightsError(f"model.num_classes must be at least 2, got {num_classes}")
+    if num_classes < 1:  # outputs: classes, labels, or values of a regression
+        raise WeightsError(f"model.num_classes must be at least 1, got {num_classes}")
     if name.startswith(TIMM_PREFIX):
         from project.extras import timm_hub
 

@@ -147,12 +147,12 @@ class ImageClassifier(L.LightningModule):
         x, y = batch
         target = y
         if self.mixing is not None:
-            x, target = self.mixing(x, y)  # soft targets; accuracy still against the labels
+            x, target = self.mixing(x, y)  # soft targets; the training metric still against the labels
         logits = self(x)
         loss = self.loss(logits, target)
         self.train_acc(logits, y)
         self.log("train/loss", loss, prog_bar=True, batch_size=len(y))
-        self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, prog_bar=True)
+        self.log(self.task.train_metric_name, self.train_acc, on_step=False, on_epoch=True, prog_bar=True)
         return loss
 
     def _eval_step(self, batch, metrics: nn.Module) -> None:
@@ -175,7 +175,7 @@ class ImageClassifier(L.LightningModule):
             self.val_acc_best(values[self.monitor])
             values[f"{self.monitor}_best"] = self.val_acc_best.compute()
         self.results[metrics.stage] = {k: v.detach().cpu() for k, v in values.items()}
-        self.log_dict({k: v for k, v in values.items() if v.numel() == 1}, sync_dist=True)
+        self.log_dict({k: v for k, v in values.items() if v.dim() == 0}, sync_dist=True)
 
     def on_validation_epoch_end(self) -> None:
         self._eval_epoch_end(self.val_metrics)
