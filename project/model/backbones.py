@@ -1,9 +1,11 @@
-"""The network: a torchvision (or ``timm/<name>``) classifier, its weights, and a new head.
+"""The network: a torchvision classifier, a ``timm/<name>`` one, or your own ``nn.Module`` from
+``package.module:Factory``; its weights; and a new head.
 
 Weights come from a file, the torch hub (or, for timm, Hugging Face) cache or a download;
 offline, the run goes on from random weights but says so loudly, naming the file and folder.
 """
 
+import importlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,16 +68,17 @@ def model_names() -> list[str]:
 
 def build(name: str, weights: str | None, num_classes: int, head: Head = Head(),
           image_size: int | None = None) -> Backbone:
-    """A torchvision or ``timm/<name>`` model with ``weights`` and a fresh ``num_classes`` head
-    (``image_size`` reaches timm models built for one input size, e.g. ViTs)."""
+    """A torchvision, ``timm/<name>`` or own (``package.module:Factory``) model with ``weights``
+    and a fresh ``num_classes`` head (``image_size`` reaches timm models built for one input
+    size, e.g. ViTs), checked to answer ``num_classes`` values per image."""
     if num_classes < 1:  # outputs: classes, labels, or values of a regression
         raise WeightsError(f"model.num_classes must be at least 1, got {num_classes}")
     if name.startswith(TIMM_PREFIX):
         from project.extras import timm_hub
 
         backbone = timm_hub.build(name, weights, num_classes, image_size)
-        if head.kind == "linear":  # timm made its own new head for num_classes
-            return backbone
+    elif ":" in name:
+        backbone = load_factory(name, weights)
     else:
         if name not in model_names():
             raise WeightsError(
@@ -84,8 +87,63 @@ def build(name: str, weights: str | None, num_classes: int, head: Head = Head(),
                 "python -m project models PATTERN)")
         net, pretrained, note = load_torchvision(name, weights)
         backbone = Backbone(net, find_head(net), pretrained, note)
-    replace_head(backbone.net, backbone.head_name, num_classes, head)
+    if not (name.startswith(TIMM_PREFIX) and head.kind == "linear"):  # timm made its own new head
+        replace_head(backbone.net, backbone.head_name, num_classes, head)
+    check_outputs(backbone, name, num_classes, image_size)
     return backbone
+
+
+def load_factory(spec: str, weights: str | None) -> Backbone:
+    """Your own network: ``package.module:Factory`` is called with no arguments and returns an
+    ``nn.Module`` whose ``head_name`` attribute names its last (classification) layer, which is
+    replaced (without the attribute: its last ``nn.Linear``). ``model.weights`` null keeps the
+    factory's initialisation, a file path loads into it, DEFAULT keeps what the factory loaded
+    (pretrained if it sets ``pretrained = True``)."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as err:
+        raise WeightsError(f"model.backbone '{spec}': cannot import it ({type(err).__name__}: {err}); "
+                           "expected package.module:Factory, importable from here") from None
+    net = factory()
+    if not isinstance(net, nn.Module):
+        raise WeightsError(f"model.backbone '{spec}' returned a {type(net).__name__}, not a torch nn.Module")
+    head_name = getattr(net, "head_name", None) or next(
+        (n for n, m in reversed(list(net.named_modules())) if isinstance(m, nn.Linear)), "")
+    if not head_name or not isinstance(head_name, str):
+        raise WeightsError(f"model.backbone '{spec}': no head to replace; give the module a head_name "
+                           "attribute naming its last layer (e.g. self.head_name = 'fc')")
+    if is_scratch(weights):
+        return Backbone(net, head_name, False, f"{spec} as built (weights: null)")
+    if is_file(str(weights)):
+        from project.model.weights_file import load_file
+
+        note = load_file(net, Path(str(weights)).expanduser(), spec, head_name)
+        return Backbone(net, head_name, True, note)
+    pretrained = bool(getattr(net, "pretrained", False))
+    return Backbone(net, head_name, pretrained, f"{spec} with the factory's own weights")
+
+
+def check_outputs(backbone: Backbone, name: str, num_classes: int, image_size: int | None) -> None:
+    """One forward of a blank image: a network that does not answer ``num_classes`` values per
+    image (a head left unreplaced) or that cannot take ``image_size`` fails here, in one line,
+    not deep inside a metric or a fixed-size model halfway into a run."""
+    net, size = backbone.net, image_size or 224
+    was_training = net.training
+    net.eval()
+    try:
+        with torch.no_grad():
+            out = net(torch.zeros(1, 3, size, size))
+    except (RuntimeError, AssertionError, ValueError) as err:
+        raise WeightsError(f"model.backbone {name} cannot take {size} px images (model.image_size): "
+                           f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+    finally:
+        net.train(was_training)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (1, num_classes):
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise WeightsError(f"model.backbone {name} answers {shape} per image, not (1, {num_classes}): "
+                           f"its head '{backbone.head_name}' must be the last layer, replaced for "
+                           f"{num_classes} outputs")
 
 
 def load_torchvision(name: str, weights: str | None) -> tuple[nn.Module, bool, str]:
@@ -162,7 +220,9 @@ def resolve_preprocessing(backbone: str, weights: str | None, image_size: int,
     """The one resolver of a model's input (as timm's ``resolve_data_config``): a value given wins,
     else the weights' own (torchvision's ``transforms()``, timm's ``pretrained_cfg``), else ImageNet's."""
     base = {"crop_ratio": 0.875, "interpolation": "bilinear", "mean": IMAGENET_MEAN, "std": IMAGENET_STD}
-    if backbone.startswith(TIMM_PREFIX) and not is_scratch(weights):
+    if ":" in backbone:  # an own network: the given values, else ImageNet's
+        pass
+    elif backbone.startswith(TIMM_PREFIX) and not is_scratch(weights):
         from project.extras import timm_hub
 
         base.update(timm_hub.preprocessing(backbone, str(weights)) or {})

@@ -1,0 +1,120 @@
+"""The named extension points, each with the slip a user makes in it: a loss by name, an own
+backbone, the answer policy that predict, infer.py and serve share, the task registry."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch import nn
+
+from project.errors import ConfigError
+from project.model import ImageClassifier, backbones
+from project.tasks import TASKS, answers, task_class
+from tests.conftest import QUICK, best_ckpt, cli, fit_args, one_error, only_run, scalars
+
+
+def test_every_task_has_answers_and_names_its_metric():
+    assert set(answers.ANSWERS) == set(TASKS)
+    for name in TASKS:
+        cls = task_class(name)
+        assert cls.name == name and cls.mode in ("max", "min") and cls.default_loss in cls.losses
+
+
+def test_model_loss_picks_from_the_tasks_registry_and_a_misspelling_fails_in_one_line():
+    logits, y = torch.randn(12, 5), torch.arange(12) % 5
+    plain = ImageClassifier(num_classes=5, weights=None, image_size=32)
+    focal = ImageClassifier(num_classes=5, weights=None, image_size=32, loss="focal")
+    torch.testing.assert_close(plain.loss(logits, y), nn.functional.cross_entropy(logits, y))
+    p = logits.softmax(-1)[torch.arange(12), y]
+    torch.testing.assert_close(focal.loss(logits, y), (-(1 - p) ** 2 * p.log()).mean())
+    with pytest.raises(ConfigError, match="model.loss 'focall' is not a loss of the multiclass task; "
+                                          "choose from cross_entropy, focal"):
+        ImageClassifier(num_classes=5, weights=None, image_size=32, loss="focall")
+
+
+def test_a_misspelt_loss_on_the_command_line_is_one_line_and_no_run(tiny_data, tmp_path, capsys):
+    assert cli(["fit", *fit_args(tiny_data, *QUICK, "--model.loss=focall", epochs=1)], tmp_path) == 2
+    assert "model.loss 'focall'" in one_error(capsys.readouterr().err)
+    assert not (tmp_path / "logs").exists()
+
+
+def test_an_own_backbone_trains_with_its_head_replaced(tiny_data, tmp_path):
+    own = "tests.own_backbone:tiny_net"
+    model = ImageClassifier(num_classes=5, backbone=own, weights=None, image_size=32)
+    assert model.head_name == "5" and model.net[5].out_features == 5
+    groups = model.param_groups()
+    assert any(g["name"].startswith("head") for g in groups)
+    assert cli(["fit", *fit_args(tiny_data, *QUICK, "--model.backbone=tests.own_backbone:tiny_net",
+                                 epochs=1)], tmp_path) == 0
+    assert "val/acc" in scalars(only_run(tmp_path / "logs"))
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("tests.own_backbone:tiny_nett", "model.backbone 'tests.own_backbone:tiny_nett': cannot import it"),
+    ("tests.own_backbon:tiny_net", "model.backbone 'tests.own_backbon:tiny_net': cannot import it"),
+    ("tests.own_backbone:not_a_module", "returned a str, not a torch nn.Module"),
+    ("tests.own_backbone:headless_net", "answers (1, 10) per image, not (1, 5)"),
+])
+def test_a_wrong_own_backbone_is_one_line(spec, message):
+    with pytest.raises(backbones.WeightsError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ImageClassifier(num_classes=5, backbone=spec, weights=None, image_size=32)
+
+
+def test_a_backbone_whose_head_was_not_replaced_fails_at_build_not_in_a_metric(monkeypatch):
+    monkeypatch.setattr(backbones, "replace_head", lambda *args, **kwargs: None)  # the slip
+    with pytest.raises(backbones.WeightsError, match=r"answers \(1, 1000\) per image, not \(1, 5\)"):
+        ImageClassifier(num_classes=5, backbone="resnet18", weights=None, image_size=32)
+
+
+def test_min_confidence_per_class_with_a_default():
+    names = ["cat", "dog", "owl"]
+    assert answers.min_confidence("0.8", names).tolist() == [0.8, 0.8, 0.8]
+    assert answers.min_confidence("dog=0.9,0.5", names).tolist() == [0.5, 0.9, 0.5]
+    assert answers.min_confidence("owl=0.7", names).tolist() == [0.0, 0.0, 0.7]
+    for bad, says in (("cow=0.5", "'cow' is not a class"), ("1.5", "not a probability"),
+                      ("x", "not a number")):
+        with pytest.raises(ConfigError, match=says):
+            answers.min_confidence(bad, names)
+
+
+def test_predict_infer_and_serve_give_equal_rows_for_equal_options(trained_run, tiny_data, tmp_path):
+    """One answer policy: the same image set and options give the same rows from the checkpoint
+    (predict), the exported file (infer.py) and the server, per-class minimum confidence included."""
+    from project.checkpoints import load_model
+    from project.extras.deploy.export import export_checkpoint
+    from project.extras.deploy.infer import OnnxClassifier, classify
+    from project.extras.deploy.predict import predict_files
+    from project.extras.deploy.serve import ClassifierAPI
+
+    ckpt = best_ckpt(trained_run)
+    export_checkpoint(ckpt, tmp_path, ["onnx"], repeats=1)
+    model = load_model(ckpt)
+    side = model.preprocessing.resize_size  # both pipelines then only crop: the same pixels
+    paths = []
+    for f in sorted((tiny_data / "test").rglob("*.png"))[:8]:
+        Image.open(f).convert("RGB").resize((side, side)).save(tmp_path / f.name)
+        paths.append(str(tmp_path / f.name))
+    cut = float(np.median([float(r["confidence"]) for r in predict_files(model, paths)]))  # half below
+    policy = f"{model.class_names[0]}=0.0,{cut}"
+    options = {"top_k": 2, "min_confidence": policy}
+    by_predict = predict_files(model, paths, **options)
+    by_infer = classify(OnnxClassifier(tmp_path / "model.onnx"), paths, **options)
+    api = ClassifierAPI(ckpt, None, **options)
+    api.setup("cpu")
+    served = []
+    for path in paths:
+        request = {"raw": base64.b64encode(Path(path).read_bytes()).decode()}
+        row = api.encode_response(api.predict(api.decode_request(request)))["predictions"][0]
+        served.append({**row, "path": path})
+    assert any(r["unsure"] for r in by_predict) and not all(r["unsure"] for r in by_predict)
+    for a, b, c in zip(by_predict, by_infer, served, strict=True):
+        assert a["predicted"] == b["predicted"] == c["predicted"]
+        assert a["unsure"] == b["unsure"] == c["unsure"]
+        assert list(a)[:5] == list(b)[:5] == list(c)[:5]
+        assert float(a["top1_prob"]) == pytest.approx(float(b["top1_prob"]), abs=1e-5)
+        assert a["top1_prob"] == c["top1_prob"]
