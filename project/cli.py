@@ -72,6 +72,7 @@ class ProjectCLI(LightningCLI):
         parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
         parser.link_arguments("data.task", "model.task", apply_on="instantiate")  # project/tasks/
         parser.link_arguments("data.label_stats", "model.label_stats", apply_on="instantiate")
+        parser.link_arguments("data.extra_val_names", "model.extra_val", apply_on="instantiate")
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:  # no predict: `python -m project predict` is ours

@@ -118,3 +118,22 @@ def test_predict_infer_and_serve_give_equal_rows_for_equal_options(trained_run, 
         assert list(a)[:5] == list(b)[:5] == list(c)[:5]
         assert float(a["top1_prob"]) == pytest.approx(float(b["top1_prob"]), abs=1e-5)
         assert a["top1_prob"] == c["top1_prob"]
+
+
+def test_an_extra_validation_set_is_logged_apart_and_never_averaged_into_val(tiny_data, tmp_path, capsys):
+    series = {}
+    shifted = f'--data.extra_val={{"shifted": "{tiny_data / "test"}"}}'
+    for name, extra in (("plain", ()), ("extra", (shifted,))):
+        (tmp_path / name).mkdir()
+        assert cli(["fit", *fit_args(tiny_data, "--trainer.limit_train_batches=2", *extra, epochs=2)],
+                   tmp_path / name) == 0
+        series[name] = scalars(only_run(tmp_path / name / "logs"))
+    assert {"val_shifted/acc", "val_shifted/loss", "val_shifted/macro_f1"} <= set(series["extra"])
+    assert "val_shifted/acc" not in series["plain"]
+    for tag in ("val/acc", "val/loss", "val/acc_best"):  # val/ is the validation split's alone
+        assert series["extra"][tag] == series["plain"][tag], tag
+    missing = f'--data.extra_val={{"gone": "{tmp_path / "nowhere"}"}}'
+    (tmp_path / "bad").mkdir()
+    assert cli(["fit", *fit_args(tiny_data, *QUICK, missing, epochs=1)], tmp_path / "bad") == 2
+    assert "data.extra_val.gone must be a folder" in one_error(capsys.readouterr().err)
+    assert not (tmp_path / "bad" / "logs").exists()

@@ -2,6 +2,7 @@
 
 import logging
 import os
+import re
 from dataclasses import asdict
 from functools import cached_property
 from pathlib import Path
@@ -51,6 +52,7 @@ class FolderDataModule(L.LightningDataModule):
         cache_gb: float = 2.0,
         decode_side: int | Literal["auto", "full"] = "auto",
         on_bad_image: Literal["skip", "error"] = "skip",
+        extra_val: dict[str, str] | None = None,
     ) -> None:
         super().__init__()
         require(batch_size >= 1, "data.batch_size", "must be an integer >= 1", batch_size)
@@ -61,6 +63,9 @@ class FolderDataModule(L.LightningDataModule):
         require(decode_side in ("auto", "full") or (isinstance(decode_side, int) and decode_side > 0),
                 "data.decode_side", "must be auto, full or a number of pixels", decode_side)
         folders.check_fractions(val_fraction, test_fraction)
+        for name in extra_val or {}:
+            require(re.fullmatch(r"[A-Za-z0-9_-]+", str(name)) is not None, "data.extra_val",
+                    "names must be letters, digits, _ or - (they become val_<name>/...)", name)
         if isinstance(augmentation, dict):  # as a checkpoint stores it
             augmentation = Augmentation(**augmentation)
         if augmentation is not None:
@@ -108,6 +113,22 @@ class FolderDataModule(L.LightningDataModule):
         table has several labels in a row or numbers instead of a label (or data.task says so)."""
         return tasks.DEFAULT if self.streaming else self.splits.task
 
+    @cached_property
+    def extra_val_names(self) -> list[str]:
+        """The extra validation sets' names (the CLI links them into model.extra_val, before any
+        run folder exists: each set is checked here)."""
+        for name, folder in (self.hparams.extra_val or {}).items():
+            folder = Path(folder)
+            require(self.task == tasks.DEFAULT, "data.extra_val", "holds folders of one class per image; "
+                    f"this run's data is a {self.task} task", name)
+            require(folder.is_dir(), f"data.extra_val.{name}", "must be a folder of class subfolders",
+                    str(folder))
+            unknown = sorted(set(folders.class_folders(folder)) - set(self.class_names))
+            require(not unknown, f"data.extra_val.{name}", f"has folders of classes the training data "
+                    f"lacks ({', '.join(unknown)}); its classes are {', '.join(self.class_names)}",
+                    str(folder))
+        return list(self.hparams.extra_val or {})
+
     @property
     def label_stats(self) -> dict:
         """What the model needs of the training labels (the CLI links it into model.label_stats)."""
@@ -151,11 +172,14 @@ class FolderDataModule(L.LightningDataModule):
         if self.augmentation is not None:
             check_scale_agreement(self.preprocessing, self.augmentation)
         wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}
-        for split in wanted.get(stage or "fit", ("train", "val", "test")):
+        extra = [f"val_{n}" for n in self.extra_val_names] if (stage or "fit") in ("fit", "validate") else []
+        for split in (*wanted.get(stage or "fit", ("train", "val", "test")), *extra):
             if split not in self.datasets:
                 self.datasets[split] = self.make_dataset(split)
 
     def make_dataset(self, split: str) -> ImageDataset:
+        if split.startswith("val_"):
+            return self.extra_val_dataset(split.removeprefix("val_"))
         if self.streaming:
             return self.streamed.dataset(split)
         samples: list[Sample] = getattr(self.splits, split)
@@ -165,6 +189,15 @@ class FolderDataModule(L.LightningDataModule):
         side = self.short_side(split)
         return ImageDataset(samples, self.transform(split), self.make_cache(samples, split, side),
                             self.hparams.on_bad_image, short_side=side)
+
+    def extra_val_dataset(self, name: str) -> ImageDataset:
+        """``data.extra_val[name]``: a folder of class subfolders named as the training classes."""
+        self.extra_val_names  # noqa: B018 - its checks
+        folder = Path(self.hparams.extra_val[name])
+        samples = folders.scan_split(folder, self.class_names)
+        require(bool(samples), f"data.extra_val.{name}", "has no images in class subfolders", str(folder))
+        return ImageDataset(samples, self.transform("val"), None, self.hparams.on_bad_image,
+                            short_side=self.short_side("val"))
 
     def make_cache(self, samples: list[Sample], split: str, side: int | None) -> ImageCache | None:
         if self.cache == "none":
@@ -229,13 +262,15 @@ class FolderDataModule(L.LightningDataModule):
         return self.loader(self.train_set, sampler)
 
     def eval_loader(self, split: str) -> DataLoader:
-        if self.streaming:
+        if self.streaming and split in ("val", "test"):
             return self.streamed.eval_loader(split)
         world, rank = self.world()
         return self.loader(self.datasets[split], ShardSampler(len(self.datasets[split]), world, rank))
 
-    def val_dataloader(self) -> DataLoader:
-        return self.eval_loader("val")
+    def val_dataloader(self) -> DataLoader | list[DataLoader]:
+        if not self.extra_val_names:
+            return self.eval_loader("val")
+        return [self.eval_loader(split) for split in ("val", *(f"val_{n}" for n in self.extra_val_names))]
 
     def test_dataloader(self) -> DataLoader:
         return self.eval_loader("test")
