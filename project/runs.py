@@ -80,6 +80,11 @@ def resume(argv: list[str]) -> int:
     """``resume [RUN_DIR] [overrides]``: continue a run from its ``last.ckpt``, same folder."""
     from project.cli import ProjectCLI
 
+    if argv and argv[0] in ("-h", "--help"):
+        print("usage: python -m project resume [RUN_DIR] [--key=value ...]\n\n"
+              "Continue a run (default: the newest under logs/) from its last.ckpt in the same folder,\n"
+              "with its own config.yaml; overrides as for fit (python -m project fit --help).")
+        raise SystemExit(0)  # as argparse's --help of the other commands
     explicit = argv[0] if argv and not argv[0].startswith("-") else None
     run = Path(explicit) if explicit else newest_run()
     ckpt = last_checkpoint(run)

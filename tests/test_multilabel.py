@@ -74,7 +74,8 @@ def test_a_multilabel_table_trains_with_map_and_thresholds_in_the_checkpoint(mul
     assert "map" in ckpt.name  # the best checkpoint is chosen by val/map
     stored = read_checkpoint(ckpt)
     assert stored["hyper_parameters"]["task"] == "multilabel"
-    assert len(stored["task_state"]["thresholds"]) == 5 and all(0 < t < 1 for t in stored["task_state"]["thresholds"])
+    thresholds = stored["task_state"]["thresholds"]
+    assert len(thresholds) == 5 and all(0 < t < 1 for t in thresholds)
     model = load_model(ckpt)
     assert model.task.thresholds.tolist() == pytest.approx(stored["task_state"]["thresholds"])
 
@@ -202,7 +203,8 @@ def test_a_sweep_over_multilabel_data_optimises_val_map(multilabel_data):
     labels = str(multilabel_data / "labels.csv")
     config = Namespace({"data.labels": labels, "data.data_dir": str(multilabel_data)})
     assert default_objective(config) == ("val/map", "max")
-    assert default_objective(Namespace({"data.labels": None, "data.data_dir": "data/demo"})) == ("val/acc", "max")
+    folders = Namespace({"data.labels": None, "data.data_dir": "data/demo"})
+    assert default_objective(folders) == ("val/acc", "max")
 
 
 def test_the_asymmetric_loss_drops_easy_negatives_and_balanced_weights_are_negatives_per_positive():

@@ -57,6 +57,7 @@ class ImageClassifier(L.LightningModule):
         class_weights: list[float] | Literal["balanced"] | None = None,
         channels_last: bool = True,
         compile: bool = False,
+        extra_val: list[str] | None = None,
     ) -> None:
         super().__init__()
         require(lr >= 0 and head_lr_mult > 0, "model.lr/head_lr_mult", "must be >= 0 and > 0",
@@ -98,6 +99,9 @@ class ImageClassifier(L.LightningModule):
         self.train_acc = self.task.train_metric()
         self.val_metrics = self.task.stage_metrics("val")
         self.test_metrics = self.task.stage_metrics("test")
+        # data.extra_val's sets (the CLI links their names): each its own val_<name>/... metrics
+        self.extra_val_metrics = nn.ModuleDict({name: self.task.stage_metrics(f"val_{name}")
+                                                for name in extra_val or []})
         self.val_acc_best = self.task.best_metric()  # of the monitored metric (val/acc by default)
         self.val_acc_best.persistent(True)  # in checkpoints: a resumed run keeps its best so far
         self.results: dict[str, dict[str, torch.Tensor]] = {}  # last computed, for callbacks
@@ -161,8 +165,9 @@ class ImageClassifier(L.LightningModule):
             logits = self(x)
             metrics.update(logits, y, self.loss(logits, y))
 
-    def validation_step(self, batch, batch_idx: int) -> None:
-        self._eval_step(batch, self.val_metrics)
+    def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        extra = list(self.extra_val_metrics.values())  # data.extra_val's loaders follow val's
+        self._eval_step(batch, extra[dataloader_idx - 1] if dataloader_idx else self.val_metrics)
 
     def test_step(self, batch, batch_idx: int) -> None:
         self._eval_step(batch, self.test_metrics)
@@ -178,10 +183,53 @@ class ImageClassifier(L.LightningModule):
         self.log_dict({k: v for k, v in values.items() if v.dim() == 0}, sync_dist=True)
 
     def on_validation_epoch_end(self) -> None:
-        self._eval_epoch_end(self.val_metrics)
+        self._logging_from = ("validation", "on_validation_epoch_end")
+        for metrics in (self.val_metrics, *self.extra_val_metrics.values()):
+            self._eval_epoch_end(metrics)
 
     def on_test_epoch_end(self) -> None:
+        self._logging_from = ("test", "on_test_epoch_end")
         self._eval_epoch_end(self.test_metrics)
+
+    # -- one value per metric name in an evaluation epoch --------------------------------
+    # Lightning averages a name logged twice in one epoch hook and lets a later hook's value
+    # replace an earlier one's: an extra validation set logged under val/ would blend into
+    # val/acc, which the checkpoints follow. A step logs its names every batch (one series: fine;
+    # with several loaders Lightning adds /dataloader_idx_N to each).
+    def on_validation_epoch_start(self) -> None:
+        self._logged: dict[str, str] = {}  # name -> where it was logged this epoch
+        self._logging_from: tuple[str, str] | None = ("validation", "a validation hook")
+
+    def on_test_epoch_start(self) -> None:
+        self._logged, self._logging_from = {}, ("test", "a test hook")
+
+    def on_validation_batch_start(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        t = self.trainer
+        loaders = len(t.num_sanity_val_batches if t.sanity_checking else t.num_val_batches)
+        suffix = f"/dataloader_idx_{dataloader_idx}" if loaders > 1 else ""
+        self._logging_from = ("validation", "validation_step", suffix)
+
+    def on_test_batch_start(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        suffix = f"/dataloader_idx_{dataloader_idx}" if len(self.trainer.num_test_batches) > 1 else ""
+        self._logging_from = ("test", "test_step", suffix)
+
+    def on_validation_end(self) -> None:
+        self._logging_from = None
+
+    on_test_end = on_validation_end
+
+    def log(self, name: str, value, *args, **kwargs) -> None:
+        where = self.__dict__.get("_logging_from")
+        if where is not None:  # inside an evaluation epoch
+            stage, origin, *suffix = where
+            key = name + (suffix[0] if suffix and kwargs.get("add_dataloader_idx", True) else "")
+            seen = self._logged.get(key)
+            if seen is not None and (seen != origin or not suffix):  # a step's repeats are one series
+                by = f"{origin}, twice" if seen == origin else f"{seen} and {origin}"
+                raise ConfigError(f"metric '{name}' is logged twice in one {stage} epoch (by {by}); log an "
+                                  f"extra set under its own prefix, e.g. {name.split('/')[0]}_<name>/...")
+            self._logged[key] = origin
+        super().log(name, value, *args, **kwargs)
 
     # -- optimisation --------------------------------------------------------------------
     @property
