@@ -1,7 +1,6 @@
 """Command line: LightningCLI for fit/validate/test (``python -m project fit --config
 configs/train.yaml [--key=value ...] [--run_dir DIR]``), plus the project's own COMMANDS."""
 
-import argparse
 import importlib
 import logging
 import sys
@@ -14,14 +13,15 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
 from project.callbacks.guards import Guards
+from project.common.argv import pop_option
 from project.data import FolderDataModule
 from project.errors import ProjectError
 from project.model import ImageClassifier
 
 log = logging.getLogger("project")
-# command -> "module:function"; every module but resume's is imported only when its command runs
+# command -> "module:function"; each module is imported only when its command runs
 COMMANDS = {
-    "resume": "project.runs:resume",
+    "resume": "project.resume:main",
     "evaluate": "project.extras.analysis.evaluate:main",
     "calibrate": "project.extras.analysis.calibration:main",
     "suspects": "project.extras.analysis.suspects:main",
@@ -138,14 +138,6 @@ def cpu_has_bfloat16() -> bool:
     except OSError:
         return True
     return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
-
-
-def pop_option(argv: list[str], name: str) -> tuple[list[str], str | None]:
-    """``argv`` without ``name VALUE`` / ``name=VALUE``, and that value."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    parser.add_argument(name)
-    found, rest = parser.parse_known_args(argv)
-    return rest, getattr(found, name.lstrip("-"))
 
 
 def setup_logging() -> None:

@@ -1,4 +1,5 @@
-"""Runs under ``logs/``: the newest run, its last and best checkpoints, and ``resume``."""
+"""Runs under ``logs/``: the newest run, its last and best checkpoints, where loggers write,
+and the command-line options that name them."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 from jsonargparse import Namespace
 
+from project.common.argv import pop_option
 from project.errors import ProjectError
 
 LOG_ROOT = Path("logs")
@@ -76,33 +78,8 @@ def resolve_checkpoint(spec: str | None, root: Path = LOG_ROOT) -> Path:
     return path
 
 
-def resume(argv: list[str]) -> int:
-    """``resume [RUN_DIR] [overrides]``: continue a run from its ``last.ckpt``, same folder."""
-    from project.cli import ProjectCLI
-
-    if argv and argv[0] in ("-h", "--help"):
-        print("usage: python -m project resume [RUN_DIR] [--key=value ...]\n\n"
-              "Continue a run (default: the newest under logs/) from its last.ckpt in the same folder,\n"
-              "with its own config.yaml; overrides as for fit (python -m project fit --help).")
-        raise SystemExit(0)  # as argparse's --help of the other commands
-    explicit = argv[0] if argv and not argv[0].startswith("-") else None
-    run = Path(explicit) if explicit else newest_run()
-    ckpt = last_checkpoint(run)
-    log.info("Resuming %s from %s", run, ckpt)
-    csv_log = run / "metrics.csv"  # Lightning's CSVLogger deletes it when its folder exists
-    if csv_log.is_file():
-        kept = csv_log.with_name(f"metrics-{len(list(run.glob('metrics*.csv'))) - 1}.csv")
-        csv_log.rename(kept)
-        log.info("Notice: the CSV logger starts metrics.csv afresh; the rows so far are in %s", kept)
-    ProjectCLI(args=["fit", "--config", str(run_config(run)), f"--ckpt_path={ckpt}",
-                     *(argv[1:] if explicit else argv)], run_dir=run)
-    return 0
-
-
 def resolve_ckpt_alias(argv: list[str]) -> list[str]:
     """``--ckpt_path best|last`` for validate/test means the newest run's file."""
-    from project.cli import pop_option
-
     rest, ckpt = pop_option(argv, "--ckpt_path")
     if ckpt in ("best", "last"):
         ckpt = str(resolve_checkpoint(ckpt))
@@ -131,3 +108,4 @@ def place_loggers(trainer: Namespace, run_dir: Path | None) -> None:
 def next_version(root: Path) -> str:
     taken = [int(p.name[8:]) for p in root.glob("version_*") if p.name[8:].isdigit()] if root.is_dir() else []
     return f"version_{max(taken, default=-1) + 1}"
+

@@ -3,14 +3,12 @@
 import lightning as L
 import torch
 
-from project.callbacks.guards import batch_stats, format_stats
-
 
 def nonfinite_gradients(trainer: L.Trainer, bad: list[str], total: int,
-                        previous: tuple[torch.Tensor, list[str]] | None, batch: torch.Tensor | None,
+                        previous: tuple[torch.Tensor, list[str]] | None, batch: str | None,
                         top: int = 5) -> str:
     """``bad``: the parameter names with a non-finite gradient; ``previous``: the gradient norms
-    (and names) of the last healthy step; ``batch``: this step's input."""
+    (and names) of the last healthy step; ``batch``: this step's input, its statistics per channel."""
     loss = trainer.callback_metrics.get("train/loss")
     lrs = [g["lr"] for opt in trainer.optimizers for g in opt.param_groups]
     lines = [f"non-finite gradients at step {trainer.global_step} (epoch {trainer.current_epoch}) in "
@@ -22,7 +20,7 @@ def nonfinite_gradients(trainer: L.Trainer, bad: list[str], total: int,
             f"{names[i]} {v:.3g}"
             for v, i in zip(largest.values.tolist(), largest.indices.tolist(), strict=True)))
     if batch is not None:
-        lines.append(f"  input batch: {format_stats(batch_stats(batch))}")
+        lines.append(f"  input batch: {batch}")
     if loss is not None:
         lines.append(f"  last logged train/loss: {float(loss):.4g}")
     lines.append(f"  learning rates now: {', '.join(f'{lr:.3g}' for lr in lrs)}")

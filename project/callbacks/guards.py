@@ -77,7 +77,8 @@ class Guards(Callback):
         bad = [named[i][0] for i in (~torch.isfinite(norms)).nonzero().flatten().tolist()]
         from project.callbacks.diagnosis import nonfinite_gradients  # the failure's report
 
-        raise TrainingHealthError(nonfinite_gradients(trainer, bad, len(named), self.previous, self.batch,
+        batch = None if self.batch is None else format_stats(batch_stats(self.batch))
+        raise TrainingHealthError(nonfinite_gradients(trainer, bad, len(named), self.previous, batch,
                                                       self.top))
 
 

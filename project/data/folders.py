@@ -3,11 +3,10 @@ one ``<root>/<class>/`` folder (split by ``splits.py``), with errors a user can 
 
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
-from project import tasks
 from project.common.files import IMAGE_EXTENSIONS, list_images
+from project.data.samples import FolderSplits, Sample  # noqa: F401 (their home for most readers)
 from project.errors import ProjectError, require
 
 log = logging.getLogger(__name__)
@@ -21,22 +20,6 @@ LAYOUT_HINT = (
 
 class DataFolderError(ProjectError, ValueError):
     """A data folder that cannot be trained on; the message names the path and the fix."""
-
-
-@dataclass(frozen=True)
-class Sample:
-    path: str
-    # a class index; multi-label: 0/1 per class; regression: the numbers (``data/tables.py``)
-    label: int | tuple[int, ...] | tuple[float, ...]
-
-
-@dataclass
-class FolderSplits:
-    classes: list[str]
-    train: list[Sample]
-    val: list[Sample]
-    test: list[Sample]
-    task: str = tasks.DEFAULT  # what the labels describe (project/tasks/): folders hold one class each
 
 
 def class_folders(root: Path) -> list[str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from project.data.folders import Sample
+from project.data.samples import Sample
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import torch
 from safetensors import SafetensorError
 from torch import nn
 
-from project.model.backbones import TIMM_PREFIX, Backbone, WeightsError, is_file, is_scratch, warn_no_weights
+from project.model.sources import TIMM_PREFIX, Backbone, WeightsError, is_file, is_scratch, warn_no_weights
 from project.model.weights_file import load_matching, read_state_dict, strip_prefix
 
 log = logging.getLogger(__name__)

@@ -16,18 +16,18 @@ import torchvision
 from torch import nn
 
 from project.common.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Preprocessing
-from project.errors import ProjectError
+from project.model.sources import (  # noqa: F401 (also read from here)
+    TIMM_PREFIX,
+    Backbone,
+    WeightsError,
+    is_file,
+    is_scratch,
+    warn_no_weights,
+)
 
 log = logging.getLogger(__name__)
 IMAGENET_CLASSES = 1000
-WEIGHT_FILE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".safetensors")
-TIMM_PREFIX = "timm/"
-SCRATCH = (None, "", "none", "null")
 HeadKind = Literal["linear", "mlp"]
-
-
-class WeightsError(ProjectError, ValueError):
-    """A weights or head setting that cannot work; the message says what to change."""
 
 
 @dataclass(frozen=True)
@@ -43,23 +43,6 @@ class Head:
             return nn.Linear(in_features, num_classes)
         return nn.Sequential(nn.Linear(in_features, self.hidden), nn.GELU(), nn.Dropout(self.dropout),
                              nn.Linear(self.hidden, num_classes))
-
-
-@dataclass
-class Backbone:
-    net: nn.Module
-    head_name: str  # qualified name of the new classification head inside ``net``
-    pretrained: bool
-    weights_note: str  # where the weights came from, or why there are none
-
-
-def is_scratch(weights: str | None) -> bool:
-    return weights is None or str(weights).strip().lower() in SCRATCH
-
-
-def is_file(weights: str) -> bool:
-    path = Path(weights).expanduser()
-    return path.suffix in WEIGHT_FILE_SUFFIXES or path.exists()
 
 
 def model_names() -> list[str]:
@@ -171,17 +154,6 @@ def load_torchvision(name: str, weights: str | None) -> tuple[nn.Module, bool, s
         note = f"NO pretrained weights: {cached} not found"
         return torchvision.models.get_model(name, weights=None), False, note
     return net, True, f"pretrained {spec} from {source}"
-
-
-def warn_no_weights(what: str, reason: str, expected: Path, how: str) -> None:
-    """The loud offline warning (torchvision and timm): what is missing, and where to put it."""
-    bar = "!" * 88
-    log.warning(
-        "\n%s\n!! PRETRAINED WEIGHTS NOT AVAILABLE for %s: %s\n"
-        "!! Training starts from RANDOM weights (pretrained: false): expect lower accuracy.\n"
-        "!! To fix: put the file %s in the folder %s\n!!   (%s),\n"
-        "!!   or set model.weights=/path/to/%s. Set model.weights=null to train from scratch.\n%s",
-        bar, what, reason, expected.name, expected.parent, how, expected.name, bar)
 
 
 def find_head(net: nn.Module) -> str:

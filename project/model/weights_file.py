@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from project.model.backbones import WeightsError
+from project.model.sources import WeightsError
 
 log = logging.getLogger(__name__)
 

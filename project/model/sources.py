@@ -1,0 +1,48 @@
+"""Where a network's weights come from, below both the backbone builder and its helpers (the
+weights-file loader, timm's hub): the weights error, the scratch and file tests, the loud
+offline warning, and what a build returns."""
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import nn
+
+from project.errors import ProjectError
+
+log = logging.getLogger("project.model.backbones")
+WEIGHT_FILE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".safetensors")
+TIMM_PREFIX = "timm/"
+SCRATCH = (None, "", "none", "null")
+
+
+class WeightsError(ProjectError, ValueError):
+    """A weights or head setting that cannot work; the message says what to change."""
+
+
+@dataclass
+class Backbone:
+    net: nn.Module
+    head_name: str  # qualified name of the new classification head inside ``net``
+    pretrained: bool
+    weights_note: str  # where the weights came from, or why there are none
+
+
+def is_scratch(weights: str | None) -> bool:
+    return weights is None or str(weights).strip().lower() in SCRATCH
+
+
+def is_file(weights: str) -> bool:
+    path = Path(weights).expanduser()
+    return path.suffix in WEIGHT_FILE_SUFFIXES or path.exists()
+
+
+def warn_no_weights(what: str, reason: str, expected: Path, how: str) -> None:
+    """The loud offline warning (torchvision and timm): what is missing, and where to put it."""
+    bar = "!" * 88
+    log.warning(
+        "\n%s\n!! PRETRAINED WEIGHTS NOT AVAILABLE for %s: %s\n"
+        "!! Training starts from RANDOM weights (pretrained: false): expect lower accuracy.\n"
+        "!! To fix: put the file %s in the folder %s\n!!   (%s),\n"
+        "!!   or set model.weights=/path/to/%s. Set model.weights=null to train from scratch.\n%s",
+        bar, what, reason, expected.name, expected.parent, how, expected.name, bar)
