@@ -1,10 +1,14 @@
 """Read this project's checkpoints safely (``weights_only``) and rebuild the model: the one
-checkpoint reader of every command."""
+checkpoint reader of every command. A fitted temperature lives beside its checkpoint
+(``<ckpt>.calibration.json``), so calibrating never changes the bytes training wrote."""
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import json
 import logging
+import math
 import pickle
 import zipfile
 from pathlib import Path
@@ -35,7 +39,8 @@ def read_checkpoint(path: str | Path, **kwargs) -> dict:
 
 def load_model(path: str | Path):
     """The trained ImageClassifier of a checkpoint, in eval mode, built without pretrained weights
-    (the checkpoint has all of them): works offline and never downloads."""
+    (the checkpoint has all of them): works offline and never downloads. Its temperature is the
+    one in the checkpoint's side file when there is one (:func:`apply_calibration`)."""
     from project.model import ImageClassifier
 
     ckpt = read_checkpoint(path)
@@ -62,7 +67,60 @@ def load_model(path: str | Path):
                               f"backbone than model.head={hparams.get('head', 'linear')}, "
                               f"{hparams.get('backbone')}): {str(err).splitlines()[0]}") from err
     model.on_load_checkpoint(ckpt)  # the task's state (a multi-label model's thresholds)
+    apply_calibration(model, path)
     return model.eval()
+
+
+def calibration_path(ckpt_path: str | Path) -> Path:
+    """Where the temperature fitted for a checkpoint is kept: beside it, ``<name>.calibration.json``
+    (not inside it: evaluate and calibrate leave the file they read as training wrote it)."""
+    ckpt_path = Path(ckpt_path)
+    return ckpt_path.with_name(f"{ckpt_path.name}.calibration.json")
+
+
+def file_sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_calibration(ckpt_path: str | Path) -> dict | None:
+    """The numbers of the temperature fitted for ``ckpt_path`` (its side file), or None: none
+    fitted, or fitted for other weights than the file holds now (a resumed run rewrote
+    ``last.ckpt``), which a notice says. A broken side file is an error naming it."""
+    path = calibration_path(ckpt_path)
+    if not path.is_file():
+        return None
+    fix = f"delete it, or fit it again with `python -m project calibrate --ckpt_path {ckpt_path}`"
+    try:
+        numbers = json.loads(path.read_text(encoding="utf-8"))
+        temperature = float(numbers["temperature"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"temperature file '{path}' is unreadable ({type(err).__name__}: "
+                              f"{str(err).splitlines()[0] if str(err) else 'no detail'}): {fix}") from err
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise CheckpointError(f"temperature file '{path}' holds temperature {numbers['temperature']!r}; "
+                              f"it must be a number above 0: {fix}")
+    fitted_for = numbers.get("checkpoint_sha256")
+    if fitted_for and fitted_for != file_sha256(ckpt_path):
+        log.warning("Notice: '%s' was fitted for other weights than '%s' holds now (the checkpoint was "
+                    "rewritten): ignored; run `python -m project calibrate --ckpt_path %s` to fit it again",
+                    path, ckpt_path, ckpt_path)
+        return None
+    return {**numbers, "temperature": temperature}
+
+
+def apply_calibration(model, ckpt_path: str | Path) -> float | None:
+    """Set ``model.temperature`` from ``ckpt_path``'s side file, when it has a valid one; else the
+    model keeps what its weights hold (1, or a temperature older versions wrote into the
+    checkpoint). The temperature applied, or None."""
+    numbers = read_calibration(ckpt_path)
+    if numbers is None:
+        return None
+    model.temperature.fill_(numbers["temperature"])
+    return numbers["temperature"]
 
 
 def checkpoint_task(path: str | Path) -> str:
@@ -89,10 +147,12 @@ def datamodule_for(ckpt_path: str | Path, model, data_dir: str | None = None):
 
     stored = dict(read_checkpoint(ckpt_path, mmap=True).get("datamodule_hyper_parameters") or {})
     allowed = inspect.signature(FolderDataModule.__init__).parameters
+    unknown = sorted(set(stored) - set(allowed))
+    if unknown:  # said, as load_model says the model's: a setting that silently vanished misleads
+        log.warning("Notice: '%s' holds data settings this version does not know, left out: %s",
+                    ckpt_path, ", ".join(unknown))
     settings = {k: v for k, v in stored.items() if k in allowed}
     settings["data_dir"] = data_dir or settings.get("data_dir")
     if not settings["data_dir"]:
         raise CheckpointError(f"'{ckpt_path}' does not say which data it was trained on: pass --data_dir DIR")
-    dm = FolderDataModule(**{**settings, "cache": "none"})
-    dm.model_preprocessing = model.preprocessing
-    return dm
+    return FolderDataModule(**{**settings, "cache": "none", "preprocessing": model.preprocessing})

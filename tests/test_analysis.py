@@ -4,6 +4,7 @@ top losses and suspect labels on planted errors, TensorBoard in a real browser."
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import math
 import shutil
@@ -19,17 +20,29 @@ import torch
 from PIL import Image
 
 from project.callbacks.dashboards import confused_pairs
-from project.checkpoints import load_model, read_checkpoint
+from project.checkpoints import calibration_path, datamodule_for, load_model, read_checkpoint
 from project.extras.analysis.calibration import (
     calibration_numbers,
     expected_calibration_error,
     fit_temperature,
     nll,
+    write_temperature,
 )
 from project.extras.analysis.report import per_class_table
 from project.model import metrics
 from project.model.metrics import StageMetrics, summary_metrics
-from tests.conftest import CLASSES, QUICK, best_ckpt, cli, fit_args, free_port, only_run, scalars
+from tests.conftest import (
+    CLASSES,
+    QUICK,
+    REPO,
+    best_ckpt,
+    cli,
+    fit_args,
+    free_port,
+    one_error,
+    only_run,
+    scalars,
+)
 
 
 def _values(logits: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -115,12 +128,48 @@ def test_a_checkpoint_without_temperature_loads_as_uncalibrated(trained_run, tmp
     assert float(load_model(tmp_path / "old.ckpt").temperature) == 1.0
 
 
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_the_temperature_file_beside_a_checkpoint_wins_unless_the_checkpoint_was_rewritten(
+        trained_run, tmp_path, caplog):
+    """Older checkpoints kept T in their weights: still read. A side file written for other
+    bytes (a resumed run rewrote last.ckpt) is ignored, with a notice."""
+    ckpt = read_checkpoint(best_ckpt(trained_run))
+    ckpt["state_dict"]["temperature"] = torch.tensor(1.7)  # as versions before the side file wrote it
+    ckpt["calibration"] = {"temperature": 1.7}
+    old = tmp_path / "old.ckpt"
+    torch.save(ckpt, old)
+    assert float(load_model(old).temperature) == pytest.approx(1.7)
+    write_temperature(old, {"temperature": 2.5})
+    assert float(load_model(old).temperature) == pytest.approx(2.5)
+    assert json.loads(calibration_path(old).read_text())["checkpoint_sha256"] == sha256(old)
+    ckpt["epoch"] += 1  # training went on and wrote the file again
+    torch.save(ckpt, old)
+    assert float(load_model(old).temperature) == pytest.approx(1.7)
+    assert "was fitted for other weights" in caplog.text
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"temperature": 0}', '{"temperature": -2.0}',
+                                     '{"temperature": "hot"}', '{"nll_after": 1.0}'])
+def test_a_broken_temperature_file_is_one_error_that_names_it(content, trained_run, tiny_data, tmp_path,
+                                                              capsys):
+    ckpt = tmp_path / "model.ckpt"
+    ckpt.write_bytes(best_ckpt(trained_run).read_bytes())
+    calibration_path(ckpt).write_text(content)
+    assert cli(["predict", "--ckpt_path", str(ckpt), "--input", str(tiny_data / "test" / "circle"),
+                "--output", str(tmp_path / "p.csv")], tmp_path) == 2
+    assert not (tmp_path / "p.csv").exists()
+    assert "model.ckpt.calibration.json" in one_error(capsys.readouterr().err)
+
+
 @pytest.fixture(scope="module")
 def evaluated(trained_run, tmp_path_factory) -> Path:
     """evaluate --tta hflip on a copy of the trained run: its checkpoint folder."""
     copy = tmp_path_factory.mktemp("evaluated") / "run"
     shutil.copytree(trained_run, copy)
-    assert "calibration" not in read_checkpoint(best_ckpt(copy))
+    assert not calibration_path(best_ckpt(copy)).exists()
     assert cli(["evaluate", str(copy), "--tta", "hflip", "--trainer.enable_progress_bar=false"], copy) == 0
     return best_ckpt(copy).parent
 
@@ -146,16 +195,74 @@ def test_evaluate_writes_a_report_that_agrees_with_the_logged_metrics(evaluated)
 
 
 def test_evaluate_fits_the_temperature_once_and_predict_uses_it(evaluated, tiny_data, tmp_path):
-    stored = read_checkpoint(next(evaluated.glob("best-*.ckpt")))
-    fitted = float(stored["state_dict"]["temperature"])
-    assert stored["calibration"]["temperature"] == pytest.approx(fitted)
+    ckpt = next(evaluated.glob("best-*.ckpt"))
+    fitted = json.loads(calibration_path(ckpt).read_text())["temperature"]  # beside, not inside
+    stored = read_checkpoint(ckpt)
+    assert "calibration" not in stored and float(stored["state_dict"]["temperature"]) == 1
     report = json.loads((evaluated / "report.json").read_text())
     assert report["calibration"]["temperature"] == pytest.approx(fitted)
     assert cli(["predict", "--ckpt_path", str(evaluated.parent),
                 "--input", str(tiny_data / "test" / "circle"),
                 "--output", str(tmp_path / "p.csv")], tmp_path) == 0
-    model = load_model(next(evaluated.glob("best-*.ckpt")))
+    model = load_model(ckpt)
     assert float(model.temperature) == pytest.approx(fitted)
+
+
+def test_evaluate_and_calibrate_leave_the_checkpoint_s_bytes_alone(evaluated, trained_run, tiny_data,
+                                                                     tmp_path):
+    """The checkpoint evaluate read (a byte copy of the trained run's) is unchanged after evaluate
+    and after calibrate; predict's confidences are softmax(logits / T) with the side file's T."""
+    evaluated_ckpt, trained = next(evaluated.glob("best-*.ckpt")), sha256(best_ckpt(trained_run))
+    assert sha256(evaluated_ckpt) == trained
+    fitted = json.loads(calibration_path(evaluated_ckpt).read_text())
+    assert fitted["checkpoint_sha256"] == trained
+    ckpt = tmp_path / "model.ckpt"  # calibrate a copy: the module's evaluated run stays as evaluate left it
+    ckpt.write_bytes(evaluated_ckpt.read_bytes())
+    assert cli(["calibrate", "--ckpt_path", str(ckpt), "--data_dir", str(tiny_data)], tmp_path) == 0
+    assert sha256(ckpt) == trained
+    t = json.loads(calibration_path(ckpt).read_text())["temperature"]
+    assert t == pytest.approx(fitted["temperature"], rel=1e-4)  # the same images, the same fit
+    model = load_model(ckpt)
+    dm = datamodule_for(ckpt, model, str(tiny_data))
+    dm.setup("test")
+    test = dm.datasets["test"]
+    with torch.no_grad():
+        logits = model(torch.stack([test[i][0] for i in range(len(test))]))  # raw: T is not in them
+    # the shared run learns little, so its fitted T may well be 1: 2.5 as well, from the same writer
+    for temperature in (t, None):
+        if temperature is None:
+            temperature = 2.5
+            write_temperature(ckpt, {"temperature": temperature})
+            assert sha256(ckpt) == trained
+        out = tmp_path / f"preds-{temperature}.csv"
+        assert cli(["predict", "--ckpt_path", str(ckpt), "--input", str(tiny_data / "test"),
+                    "--output", str(out)], tmp_path) == 0
+        rows = {str(Path(r["path"]).resolve()): float(r["confidence"]) for r in csv.DictReader(out.open())}
+        expected = (logits / temperature).softmax(-1).amax(-1).tolist()
+        assert len(rows) == len(test) == 20
+        for sample, p in zip(test.samples, expected, strict=True):
+            assert rows[str(Path(sample.path).resolve())] == pytest.approx(p, abs=1e-5)
+
+
+def test_evaluate_scores_the_whole_test_split_of_a_debug_run(tiny_data, tmp_path, capsys):
+    """configs/presets/debug.yaml limits the test loop to 2 batches (16 of the 20 test images at
+    batch size 8): evaluate scores all of them, in the precision it names."""
+    debug = REPO / "configs" / "presets" / "debug.yaml"
+    assert cli(["fit", *fit_args(tiny_data, "--config", str(debug), *QUICK, "--trainer.max_epochs=1")],
+               tmp_path) == 0
+    run = only_run(tmp_path / "logs")
+    assert "limit_test_batches: 2" in (run / "config.yaml").read_text()  # what evaluate reads
+    images = len(list((tiny_data / "test").rglob("*.png")))
+    capsys.readouterr()
+    assert cli(["evaluate", str(run), "--trainer.enable_progress_bar=false"], tmp_path) == 0
+    assert f"on {images} test images in 32-true" in capsys.readouterr().out
+    report = json.loads((best_ckpt(run).parent / "report.json").read_text())
+    assert sum(c["support"] for c in report["classes"].values()) == images == 20
+    assert sum(map(sum, report["confusion_matrix"])) == images
+    # an override on evaluate's command line wins over evaluate's own settings
+    assert cli(["evaluate", str(run), "--trainer.enable_progress_bar=false",
+                "--trainer.precision=bf16-mixed"], tmp_path) == 0
+    assert f"on {images} test images in bf16-mixed" in capsys.readouterr().out
 
 
 def test_mirror_tta_is_refused_for_a_model_trained_without_flips(trained_run, tmp_path, capsys):
@@ -171,7 +278,7 @@ def test_the_analysis_preset_calibrates_and_draws_the_sample_and_validation_view
     preset = str(Path(__file__).resolve().parents[1] / "configs" / "presets" / "analysis.yaml")
     assert cli(["fit", *fit_args(tiny_data, "--config", preset, *QUICK, epochs=1)], tmp_path) == 0
     run = only_run(tmp_path / "logs")
-    assert "calibration" in read_checkpoint(best_ckpt(run))
+    assert calibration_path(best_ckpt(run)).is_file() and "calibration" not in read_checkpoint(best_ckpt(run))
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(run), size_guidance={"images": 0, "tensors": 0})

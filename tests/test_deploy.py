@@ -23,7 +23,7 @@ from tests.conftest import CLASSES, best_ckpt, cli
 
 @pytest.fixture(scope="module")
 def calibrated(trained_run, tmp_path_factory) -> Path:
-    """The trained run's best checkpoint with a temperature of 2.5."""
+    """The trained run's best checkpoint with a temperature of 2.5 (in model.ckpt.calibration.json)."""
     ckpt = tmp_path_factory.mktemp("calibrated") / "model.ckpt"
     ckpt.write_bytes(best_ckpt(trained_run).read_bytes())
     write_temperature(ckpt, {"temperature": 2.5})

@@ -8,15 +8,17 @@ fixes most of that (Guo et al., "On Calibration of Modern Neural Networks", 2017
 changing any prediction: the argmax of ``logits / T`` is the argmax of ``logits``.
 
 T minimises the negative log-likelihood of the validation images (LBFGS on log T, so T stays
-positive). It is stored in the checkpoint as the model's ``temperature`` buffer (rewritten
-atomically, with the numbers under ``calibration``); ``predict``, ``evaluate`` and the
-ONNX export (metadata ``temperature``, used by ``infer.py``) apply it. The network's output,
-and every exported file's output, stay the raw logits.
+positive). It is stored beside the checkpoint, in ``<ckpt>.calibration.json`` with the numbers
+and the checkpoint's SHA-256 (written atomically; the checkpoint itself is never rewritten);
+``load_model`` sets it on the model's ``temperature`` buffer, so ``predict``, ``evaluate``,
+``serve`` and the ONNX export (metadata ``temperature``, used by ``infer.py``) apply it. The
+network's output, and every exported file's output, stay the raw logits.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 from pathlib import Path
@@ -26,8 +28,14 @@ from torch import nn
 from torch.utils.data import Dataset
 from torchmetrics.functional.classification import multiclass_calibration_error
 
-from project.checkpoints import checkpoint_task, read_checkpoint
-from project.common.files import atomic_path
+from project.checkpoints import (
+    calibration_path,
+    checkpoint_task,
+    file_sha256,
+    read_calibration,
+    read_checkpoint,
+)
+from project.common.files import write_text
 from project.errors import ProjectError
 from project.extras.analysis.predictions import calibrated_probabilities, predict_dataset
 from project.tasks import task_class
@@ -99,7 +107,7 @@ def calibration_numbers(logits: torch.Tensor, target: torch.Tensor, temperature:
 def calibrate_checkpoint(ckpt_path: str | Path, data_dir: str | None = None,
                          dataset: Dataset | None = None, batch_size: int = 64,
                          device: str | torch.device | None = None) -> dict:
-    """Fit T on the validation images of ``ckpt_path``'s run (or ``dataset``) and store it in
+    """Fit T on the validation images of ``ckpt_path``'s run (or ``dataset``) and store it beside
     the checkpoint; returns the numbers before and after."""
     from project.checkpoints import check_checkpoint_classes, datamodule_for, load_model
 
@@ -122,29 +130,27 @@ def calibrate_checkpoint(ckpt_path: str | Path, data_dir: str | None = None,
 
 
 def ensure_temperature(ckpt_path: Path, data_dir: str | None = None, batch_size: int = 64) -> None:
-    """Fit the temperature once, when the checkpoint has none: evaluate reports calibrated
-    confidences, and predict and export use them from then on. Without the run's validation
-    images it stays 1, with a notice."""
-    if "calibration" in read_checkpoint(ckpt_path, mmap=True):
+    """Fit the temperature once, when the checkpoint has none (no valid side file, and not one
+    that older versions wrote into the checkpoint): evaluate reports calibrated confidences, and
+    predict and export use them from then on. Without the run's validation images it stays 1,
+    with a notice."""
+    if read_calibration(ckpt_path) is not None or "calibration" in read_checkpoint(ckpt_path, mmap=True):
         return
     try:
         numbers = calibrate_checkpoint(ckpt_path, data_dir, batch_size=batch_size)
     except ProjectError as err:
         log.info("Notice: no temperature fitted (%s); probabilities stay uncalibrated", err)
         return
-    log.info("%s; stored in %s", format_numbers(numbers), ckpt_path)
+    log.info("%s; stored in %s", format_numbers(numbers), calibration_path(ckpt_path))
 
 
 def write_temperature(ckpt_path: Path, numbers: dict) -> None:
-    """Store T in the checkpoint's weights (and the raw weights kept for resuming), atomically."""
-    ckpt = read_checkpoint(ckpt_path)
-    t = torch.tensor(float(numbers["temperature"]))
-    for key in ("state_dict", "current_model_state"):  # the latter: EMA's raw weights
-        if isinstance(ckpt.get(key), dict):
-            ckpt[key]["temperature"] = t.clone()
-    ckpt["calibration"] = {k: float(v) for k, v in numbers.items()}
-    with atomic_path(ckpt_path) as tmp:
-        torch.save(ckpt, tmp)
+    """Store T and its numbers in ``<ckpt>.calibration.json`` beside the checkpoint, atomically,
+    with the checkpoint's SHA-256: a checkpoint rewritten later (a resumed ``last.ckpt``) is not
+    given a temperature fitted for other weights. The checkpoint's bytes are left alone."""
+    record = {k: v if type(v) is int else float(v) for k, v in numbers.items()}  # images stays a count
+    record.update(checkpoint=Path(ckpt_path).name, checkpoint_sha256=file_sha256(ckpt_path))
+    write_text(calibration_path(ckpt_path), json.dumps(record, indent=2) + "\n")
 
 
 def format_numbers(numbers: dict) -> str:
@@ -158,7 +164,7 @@ def main(argv: list[str]) -> int:
 
     p = argparse.ArgumentParser(prog="python -m project calibrate",
                                 description="Fit a temperature on the validation set and store "
-                                            "it in the checkpoint")
+                                            "it beside the checkpoint (<ckpt>.calibration.json)")
     p.add_argument("--ckpt_path", default="best", help="a .ckpt, a run folder, best or last")
     p.add_argument("--data_dir", help="the data folder (default: the run's)")
     p.add_argument("--batch_size", type=int, default=64)
@@ -172,5 +178,6 @@ def main(argv: list[str]) -> int:
                            "the validation set during training and are in the checkpoint)")
     numbers = calibrate_checkpoint(ckpt, a.data_dir, batch_size=a.batch_size, device=a.device)
     print(format_numbers(numbers))
-    print(f"Stored in {ckpt}: predict, evaluate and export now use it.")
+    print(f"Stored in {calibration_path(ckpt)} (the checkpoint is unchanged): predict, evaluate and "
+          "export now use it.")
     return 0

@@ -2,9 +2,12 @@
 
 Tests a checkpoint with its run's own config (the metrics synced across DDP ranks, logged into
 the run's TensorBoard as ``test/...``), then writes the report next to the checkpoint from one
-per-image pass over the test set (``report.py``). A checkpoint without a temperature gets one
-first, fitted on the validation set (``calibration.py``), so the report's confidences, and
-predict's and export's from then on, are calibrated.
+per-image pass over the test set (``report.py``). The score stands alone from the run that made
+the checkpoint: whatever its config limited (the debug preset's ``limit_test_batches``,
+``fast_dev_run``, ...), the whole test split is scored, in float32 (``32-true``) unless the
+command line says otherwise. A checkpoint without a temperature gets one first, fitted on the
+validation set and stored beside it (``calibration.py``), so the report's confidences, and
+predict's and export's from then on, are calibrated; the checkpoint file is never rewritten.
 """
 
 from __future__ import annotations
@@ -13,12 +16,35 @@ import argparse
 import os
 from pathlib import Path
 
-from project.checkpoints import checkpoint_task, read_checkpoint
+from project.checkpoints import apply_calibration, checkpoint_task, read_checkpoint
 from project.cli import ProjectCLI
 from project.extras.analysis.calibration import ensure_temperature
 from project.extras.analysis.predictions import check_mirror_tta, predict_dataset
 from project.runs import resolve_checkpoint, run_config
 from project.tasks import task_class
+
+# What a run's config may hold to shorten its loops (configs/presets/debug.yaml, a quick check);
+# put back so that nothing limits the test loop. 1.0, not 1: Lightning reads an int 1 as one batch.
+WHOLE_TEST_SPLIT = ("--trainer.limit_test_batches=1.0", "--trainer.limit_val_batches=1.0",
+                    "--trainer.fast_dev_run=false", "--trainer.overfit_batches=0.0")
+# The reference number: the per-image pass of the report is float32 too, so the two agree.
+EVAL_PRECISION = "--trainer.precision=32-true"
+
+
+class EvaluateCLI(ProjectCLI):
+    """The test run of ``evaluate``: says what it scores before it starts."""
+
+    def before_test(self) -> None:
+        if self.trainer.is_global_zero:
+            ckpt, images = self.config[self.subcommand].get("ckpt_path"), count_test_images(self.datamodule)
+            print(f"Evaluating {ckpt} on {images} test images in {self.trainer.precision}", flush=True)
+
+
+def count_test_images(dm) -> int:
+    """The number of images in the test split, read from the listing (nothing decoded yet)."""
+    if dm.streaming:
+        return int(dm.streamed.manifest["splits"].get("test", {}).get("size") or 0)
+    return len(dm.splits.test)
 
 
 def main(argv: list[str]) -> int:
@@ -37,11 +63,13 @@ def main(argv: list[str]) -> int:
     calibrated = task_class(checkpoint_task(ckpt)).one_class_per_image  # one softmax to calibrate
     if int(os.environ.get("RANK", 0)) == 0 and calibrated:  # under torchrun every rank runs it
         ensure_temperature(ckpt)
-    cli = ProjectCLI(args=["test", "--config", str(run_config(run)), f"--ckpt_path={ckpt}",
-                           "--verbose=false", *overrides], run_dir=run)
+    # the user's overrides come last, so they win over both the run's config and ours
+    args = ["test", "--config", str(run_config(run)), f"--ckpt_path={ckpt}", "--verbose=false"]
+    cli = EvaluateCLI(args=[*args, *WHOLE_TEST_SPLIT, EVAL_PRECISION, *overrides], run_dir=run)
     if not cli.trainer.is_global_zero:
         return 0
     model, dm = cli.model, cli.datamodule
+    apply_calibration(model, ckpt)  # Lightning loaded the weights alone; T lives beside them
     samples = predict_dataset(model, dm.datasets["test"], dm.batch_size, model.device,
                               mirrored=a.tta == "hflip")
     model.task.write_report(model, model.results["test"], str(ckpt), Path(ckpt).parent, samples,
