@@ -59,7 +59,7 @@ def table(headers: list[str], rows: list[list]) -> str:
 
 def datamodule(data: Path, size: int, batch: int, workers: int, cache: str) -> FolderDataModule:
     dm = FolderDataModule(str(data), batch_size=batch, num_workers=workers, cache=cache)
-    dm.model_preprocessing = Preprocessing(size)
+    dm.preprocessing = Preprocessing(size)
     dm.setup("fit")
     return dm
 

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             presets = (*presets, *a.preset)
             data = make()
             dm = FolderDataModule(data, **preset_data_settings(presets))
-            dm.model_preprocessing = Preprocessing(size)
+            dm.preprocessing = Preprocessing(size)
             variants = {"full size": (FULL, []),
                         f"reduced to {dm.short_side('train')} (default)": (("-m", "project"), []),
                         **{f"reduced to {n}": (("-m", "project"), [f"--data.decode_side={n}"])

@@ -102,7 +102,7 @@ def train_loader(data: Path, workers: int, side: int | None, cache: ImageCache |
     at ``side`` (None: full size, the behaviour before), from ``cache`` when there is one."""
     dm = FolderDataModule(data, batch_size=BATCH, num_workers=workers, cache="none", val_fraction=0,
                           test_fraction=0)
-    dm.model_preprocessing = Preprocessing(IMAGE_SIZE)
+    dm.preprocessing = Preprocessing(IMAGE_SIZE)
     # What datamodule.make_dataset does once it passes the side down (see the report).
     dm.datasets["train"] = ImageDataset(dm.splits.train, dm.transform("train"), cache, short_side=side)
     return dm.train_dataloader()
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.quick:
         size, a.count, a.workers, a.batches, a.steps = (800, 600), 12, [0], 1, 1
     dm = FolderDataModule()
-    dm.model_preprocessing = Preprocessing(IMAGE_SIZE)
+    dm.preprocessing = Preprocessing(IMAGE_SIZE)
     train_side = needed_side(dm.preprocessing, dm.augmentation.crop_scale)
     eval_side = needed_side(dm.preprocessing)
     print(f"# Camera photos\n\nMachine: {platform.machine()} {platform.processor() or ''}, "

@@ -17,6 +17,9 @@ from project.common.argv import pop_option
 from project.data import FolderDataModule
 from project.errors import ProjectError
 from project.model import ImageClassifier
+from project.model.backbones import resolve_preprocessing
+
+PREPROCESSING_KEYS = ("backbone", "weights", "image_size", "crop_ratio", "interpolation", "mean", "std")
 
 log = logging.getLogger("project")
 # command -> "module:function"; each module is imported only when its command runs
@@ -73,6 +76,10 @@ class ProjectCLI(LightningCLI):
         parser.link_arguments("data.task", "model.task", apply_on="instantiate")  # project/tasks/
         parser.link_arguments("data.label_stats", "model.label_stats", apply_on="instantiate")
         parser.link_arguments("data.extra_val_names", "model.extra_val", apply_on="instantiate")
+        parser.link_arguments("data.batch_size", "model.loader_batch_size")  # the LR's batch scaling
+        # the input size and normalisation, resolved once from the model's settings, for the data
+        parser.link_arguments(tuple(f"model.{k}" for k in PREPROCESSING_KEYS), "data.preprocessing",
+                              compute_fn=linked_preprocessing)
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:  # no predict: `python -m project predict` is ours
@@ -114,6 +121,15 @@ class ProjectCLI(LightningCLI):
 
             check_checkpoint_classes(Path(ckpt), self.datamodule.class_names)
         follow_task(self.model, self.trainer)
+
+
+def linked_preprocessing(*settings):
+    """The data's preprocessing from the model's settings; None where a setting is wrong, so the
+    model names it in one line when it is built."""
+    try:
+        return resolve_preprocessing(*settings)
+    except ProjectError:
+        return None
 
 
 def follow_task(model, trainer) -> None:

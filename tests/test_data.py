@@ -75,7 +75,7 @@ def test_identical_files_stay_in_one_split_and_check_data_names_them(flat_data, 
 
 def test_eval_is_deterministic_and_training_draws_from_the_seed(tiny_data):
     dm = FolderDataModule(tiny_data, num_workers=0, cache="none")
-    dm.model_preprocessing = Preprocessing(32)
+    dm.preprocessing = Preprocessing(32)
     dm.setup("fit")
     val, train = dm.datasets["val"], dm.datasets["train"]
     assert torch.equal(val[0][0], val[0][0]) and val[0][0].shape == (3, 32, 32)
@@ -105,15 +105,25 @@ def test_every_augmentation_setting_reaches_the_transform():
     assert FolderDataModule("unused", augmentation=stored).augmentation == Augmentation(**values)
 
 
-def test_data_and_model_built_in_python_agree_on_the_preprocessing(tiny_data):
-    """timm's test_resnet weights normalise with mean 0.5 and crop 95 %: a data module used with
-    that model must feed it exactly that, with no setting repeated on the data side."""
+def test_data_and_model_get_one_preprocessing_in_python_and_from_the_cli(tiny_data, tmp_path):
+    """timm's test_resnet weights normalise with mean 0.5 and crop 95 %: resolved once from the
+    model's settings and handed to the data (no setting repeated on the data side, nothing read
+    back through a trainer), in Python as by the CLI."""
     import lightning as L
+
+    from project.cli import ProjectCLI
+    from tests.conftest import TRAIN_CONFIG, chdir
 
     model = ImageClassifier(num_classes=5, class_names=CLASSES, backbone="timm/test_resnet.r160_in1k",
                             weights="DEFAULT", image_size=32)
     assert model.preprocessing.mean == (0.5, 0.5, 0.5) and model.preprocessing.crop_ratio == 0.95
-    dm = FolderDataModule(tiny_data, batch_size=4, num_workers=0)
+    with chdir(tmp_path):
+        built = ProjectCLI(args=["--config", str(TRAIN_CONFIG), f"--data.data_dir={tiny_data}",
+                                 "--model.backbone=timm/test_resnet.r160_in1k", "--model.image_size=32",
+                                 "--data.batch_size=4"], run=False)
+    assert built.datamodule.preprocessing == built.model.preprocessing == model.preprocessing
+    assert built.datamodule.trainer is None and built.model.per_device_batch == 4
+    dm = FolderDataModule(tiny_data, batch_size=4, num_workers=0, preprocessing=model.preprocessing)
     trainer = L.Trainer(max_steps=1, limit_val_batches=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(model, dm)
@@ -126,7 +136,7 @@ def test_loaders_do_not_depend_on_the_number_of_workers(tiny_data):
     for workers in (0, 2):
         dm = FolderDataModule(tiny_data, batch_size=8, num_workers=workers, persistent_workers=False,
                               cache="none", seed=3)
-        dm.model_preprocessing = Preprocessing(32)
+        dm.preprocessing = Preprocessing(32)
         dm.setup("fit")
         batches[workers] = next(iter(dm.train_dataloader()))
     assert torch.equal(batches[0][0], batches[2][0]) and torch.equal(batches[0][1], batches[2][1])

@@ -73,7 +73,7 @@ def test_decode_side_setting_sizes_the_training_images_and_not_evaluation(tmp_pa
     expected = {"auto": 83, 120: 120, 50: 73, "full": 1200}  # 83 = ceil(64 / sqrt(0.6)); 73 the eval resize
     for setting, side in expected.items():
         dm = FolderDataModule(str(tmp_path), batch_size=2, cache="none", decode_side=setting)
-        dm.model_preprocessing = Preprocessing(64)
+        dm.preprocessing = Preprocessing(64)
         dm.setup("fit")
         assert min(dm.datasets["train"].load(0).shape[1:]) == side, setting
         assert min(dm.datasets["val"].load(0).shape[1:]) == 73, setting  # what the eval resize needs

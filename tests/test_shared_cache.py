@@ -90,7 +90,7 @@ class Probe(L.LightningModule):
 
 
 dm = FolderDataModule(sys.argv[1], batch_size=4, num_workers=0, cache="memory")
-dm.model_preprocessing = Preprocessing(32)
+dm.preprocessing = Preprocessing(32)
 trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=1, logger=False,
                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                     limit_val_batches=0, num_sanity_val_steps=0)

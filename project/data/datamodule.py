@@ -28,9 +28,9 @@ log = logging.getLogger(__name__)
 
 class FolderDataModule(L.LightningDataModule):
     """Images in ``data_dir/{train,val,test}/<class>/`` (or one folder, split here), in a ``labels``
-    table, or streamed from an ``optimize-data`` folder. Input size and normalisation are the attached model's
-    ``preprocessing``, so the two cannot disagree (else ``model_preprocessing``, else ImageNet's at
-    224 px). configs/train.yaml explains the settings; ``seed`` None takes the run's."""
+    table, or streamed from an ``optimize-data`` folder. Input size and normalisation are the
+    model's, resolved once from its settings and handed in (``preprocessing``; the CLI links it).
+    configs/train.yaml explains the settings; ``seed`` None takes the run's."""
 
     def __init__(
         self,
@@ -53,6 +53,7 @@ class FolderDataModule(L.LightningDataModule):
         decode_side: int | Literal["auto", "full"] = "auto",
         on_bad_image: Literal["skip", "error"] = "skip",
         extra_val: dict[str, str] | None = None,
+        preprocessing: Preprocessing | dict | None = None,
     ) -> None:
         super().__init__()
         require(batch_size >= 1, "data.batch_size", "must be an integer >= 1", batch_size)
@@ -77,7 +78,13 @@ class FolderDataModule(L.LightningDataModule):
             k: list(v) if isinstance(v, tuple) else v for k, v in asdict(augmentation).items()}
         self.data_dir, self.batch_size, self.num_workers = data_dir, batch_size, num_workers
         self.augmentation, self.seed, self.cache = augmentation, seed, cache
-        self.model_preprocessing: Preprocessing | None = None
+        if isinstance(preprocessing, dict):  # as a checkpoint stores it
+            preprocessing = Preprocessing(**{k: tuple(v) if isinstance(v, list) else v
+                                             for k, v in preprocessing.items()})
+        # the model's input settings resolved once (the CLI links them in); null: ImageNet's at 224 px
+        self.preprocessing = preprocessing or Preprocessing()
+        self.hparams.preprocessing = {k: list(v) if isinstance(v, tuple) else v
+                                      for k, v in asdict(self.preprocessing).items()}
         self.datasets: dict[str, ImageDataset] = {}
         self.streaming = "://" in data_dir or (Path(data_dir) / folders.STREAMING_MANIFEST).is_file()
         self.hparams.labels = None if labels is None else str(labels)
@@ -143,11 +150,6 @@ class FolderDataModule(L.LightningDataModule):
         from project.extras.streaming.dataset import Streamed
 
         return Streamed(self)
-
-    @property
-    def preprocessing(self) -> Preprocessing:
-        model = self.trainer.lightning_module if self.trainer is not None else None
-        return getattr(model, "preprocessing", None) or self.model_preprocessing or Preprocessing()
 
     @property
     def train_set(self) -> ImageDataset:

@@ -58,6 +58,7 @@ class ImageClassifier(L.LightningModule):
         channels_last: bool = True,
         compile: bool = False,
         extra_val: list[str] | None = None,
+        loader_batch_size: int | None = None,
     ) -> None:
         super().__init__()
         require(lr >= 0 and head_lr_mult > 0, "model.lr/head_lr_mult", "must be >= 0 and > 0",
@@ -236,10 +237,15 @@ class ImageClassifier(L.LightningModule):
     def head_lr_mult(self) -> float:  # from random weights every layer is new: one LR for all
         return self.hparams.head_lr_mult if self.pretrained else 1.0
 
+    @property
+    def per_device_batch(self) -> int:
+        """data.batch_size, which the CLI links in (a model built alone: model.base_batch_size)."""
+        return self.hparams.loader_batch_size or self.hparams.base_batch_size
+
     def run_lr(self) -> tuple[float, int]:
         """(the backbone's LR for this run's global batch, the global batch)."""
         t, hp = self.trainer, self.hparams
-        batch = schedule.global_batch_size(t.datamodule.batch_size, t.num_devices, t.num_nodes,
+        batch = schedule.global_batch_size(self.per_device_batch, t.num_devices, t.num_nodes,
                                            t.accumulate_grad_batches)
         return schedule.scaled_lr(self.lr, batch, hp.base_batch_size, hp.lr_scaling), batch
 
@@ -254,7 +260,7 @@ class ImageClassifier(L.LightningModule):
         if self.trainer.is_global_zero:
             t = self.trainer
             log.info("Global batch %d (%d per device x %d devices x %d nodes x %d accumulation); LR %.4g "
-                     "(model.lr %.4g, lr_scaling=%s); head x%g; %s", batch, t.datamodule.batch_size,
+                     "(model.lr %.4g, lr_scaling=%s); head x%g; %s", batch, self.per_device_batch,
                      t.num_devices, t.num_nodes, t.accumulate_grad_batches, lr, self.lr,
                      self.hparams.lr_scaling, self.head_lr_mult, type(opt).__name__)
         if self.scheduler_factory is None:
