@@ -2,7 +2,6 @@
 
 import logging
 import os
-import re
 from dataclasses import asdict
 from functools import cached_property
 from pathlib import Path
@@ -64,9 +63,6 @@ class FolderDataModule(L.LightningDataModule):
         require(decode_side in ("auto", "full") or (isinstance(decode_side, int) and decode_side > 0),
                 "data.decode_side", "must be auto, full or a number of pixels", decode_side)
         folders.check_fractions(val_fraction, test_fraction)
-        for name in extra_val or {}:
-            require(re.fullmatch(r"[A-Za-z0-9_-]+", str(name)) is not None, "data.extra_val",
-                    "names must be letters, digits, _ or - (they become val_<name>/...)", name)
         if isinstance(augmentation, dict):  # as a checkpoint stores it
             augmentation = Augmentation(**augmentation)
         if augmentation is not None:
@@ -122,19 +118,13 @@ class FolderDataModule(L.LightningDataModule):
 
     @cached_property
     def extra_val_names(self) -> list[str]:
-        """The extra validation sets' names (the CLI links them into model.extra_val, before any
-        run folder exists: each set is checked here)."""
-        for name, folder in (self.hparams.extra_val or {}).items():
-            folder = Path(folder)
-            require(self.task == tasks.DEFAULT, "data.extra_val", "holds folders of one class per image; "
-                    f"this run's data is a {self.task} task", name)
-            require(folder.is_dir(), f"data.extra_val.{name}", "must be a folder of class subfolders",
-                    str(folder))
-            unknown = sorted(set(folders.class_folders(folder)) - set(self.class_names))
-            require(not unknown, f"data.extra_val.{name}", f"has folders of classes the training data "
-                    f"lacks ({', '.join(unknown)}); its classes are {', '.join(self.class_names)}",
-                    str(folder))
-        return list(self.hparams.extra_val or {})
+        """The extra validation sets' names (the CLI links them into model.extra_val), each set
+        checked now, before any run folder exists (``extra_val.py``)."""
+        if not self.hparams.extra_val:
+            return []
+        from project.data.extra_val import check_extra_val
+
+        return check_extra_val(self)
 
     @property
     def label_stats(self) -> dict:
@@ -181,7 +171,9 @@ class FolderDataModule(L.LightningDataModule):
 
     def make_dataset(self, split: str) -> ImageDataset:
         if split.startswith("val_"):
-            return self.extra_val_dataset(split.removeprefix("val_"))
+            from project.data.extra_val import extra_val_dataset
+
+            return extra_val_dataset(self, split.removeprefix("val_"))
         if self.streaming:
             return self.streamed.dataset(split)
         samples: list[Sample] = getattr(self.splits, split)
@@ -191,15 +183,6 @@ class FolderDataModule(L.LightningDataModule):
         side = self.short_side(split)
         return ImageDataset(samples, self.transform(split), self.make_cache(samples, split, side),
                             self.hparams.on_bad_image, short_side=side)
-
-    def extra_val_dataset(self, name: str) -> ImageDataset:
-        """``data.extra_val[name]``: a folder of class subfolders named as the training classes."""
-        self.extra_val_names  # noqa: B018 - its checks
-        folder = Path(self.hparams.extra_val[name])
-        samples = folders.scan_split(folder, self.class_names)
-        require(bool(samples), f"data.extra_val.{name}", "has no images in class subfolders", str(folder))
-        return ImageDataset(samples, self.transform("val"), None, self.hparams.on_bad_image,
-                            short_side=self.short_side("val"))
 
     def make_cache(self, samples: list[Sample], split: str, side: int | None) -> ImageCache | None:
         if self.cache == "none":
