@@ -275,6 +275,11 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def make_api(a: argparse.Namespace, ckpt: Path | None, onnx: Path | None) -> ClassifierAPI:
+    """The API from the parsed options (the answer options reach it here, as predict's do)."""
+    return ClassifierAPI(ckpt, onnx, a.top_k, a.min_confidence, a.max_batch_size, a.batch_timeout)
+
+
 def main(argv: list[str]) -> int:
     a = parser().parse_args(argv)
     # batch/unbatch pass the requests through; with max_batch_size 1 LitServe does not call them
@@ -292,7 +297,7 @@ def main(argv: list[str]) -> int:
         ckpt = None
     info = model_info(ckpt, onnx)  # fails in one line before the server starts
     answers.answers(info["classes"], info["answers"]).policy(a.min_confidence)  # so does a bad policy
-    api = ClassifierAPI(ckpt, onnx, a.top_k, a.min_confidence, a.max_batch_size, a.batch_timeout)
+    api = make_api(a, ckpt, onnx)
     accelerator = "cpu" if onnx is not None else a.accelerator
     server = ls.LitServer(api, accelerator=accelerator, workers_per_device=a.workers, model_metadata=info,
                           max_payload_size=int(a.max_upload_mb * 2**20), middlewares=[RawBody])
