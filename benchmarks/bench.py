@@ -88,6 +88,7 @@ def template_rate(data: Path, size: int, batch: int, workers: int, steps: int, w
     dm = FolderDataModule(data, batch_size=batch, num_workers=workers)
     model = ImageClassifier(weights=None, num_classes=dm.num_classes, class_names=dm.class_names,
                             image_size=size)
+    dm.preprocessing = model.preprocessing
     timer = _StepTimer()  # last: the EMA update of a step is inside its time
     callbacks = [*([EMA()] if ema else []), *default_callbacks(), LearningRate(), Dashboards(), timer]
     with tempfile.TemporaryDirectory() as logs:
@@ -321,6 +322,7 @@ def _quick_checkpoint(data: Path, tmp: Path) -> Path:
     dm = FolderDataModule(data, batch_size=8, num_workers=0)
     model = ImageClassifier(weights=None, num_classes=dm.num_classes, class_names=dm.class_names,
                             image_size=32)
+    dm.preprocessing = model.preprocessing
     trainer = L.Trainer(max_epochs=1, default_root_dir=tmp, logger=False, enable_progress_bar=False,
                         enable_model_summary=False, callbacks=default_callbacks())
     with contextlib.redirect_stdout(io.StringIO()):

@@ -51,3 +51,17 @@ def test_serve_bench_quick_measures_both_batching_modes(capsys):
     assert {r[3].strip() for r in rows} == {"off", "on (32, 10 ms)"} and len(rows) == 4
     assert all(float(r[5]) > 0 and float(r[6]) > 0 for r in rows)
 
+
+
+@pytest.mark.slow
+def test_regression_bench_quick_prints_both_sides(capsys):
+    from benchmarks import regression
+
+    assert regression.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "Rule: both sides get the same LR" in out
+    for name in (regression.PLAIN, regression.TEMPLATE):
+        row = next((line for line in out.splitlines() if line.startswith(f"| {name} | 1 | mean |")), None)
+        assert row is not None, f"no mean row of {name!r} in the table:\n{out}"
+        mae, rmse = (float(v.strip(" *")) for v in row.split("|")[4:6])
+        assert 0 < mae <= rmse < float("inf"), row  # the RMSE is never below the MAE

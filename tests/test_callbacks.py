@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from project.callbacks import default_callbacks
 from project.callbacks.guards import Guards, TrainingHealthError
 from project.callbacks.resilience import AtomicCheckpointIO
+from project.common.preprocessing import Preprocessing
 from project.data import FolderDataModule
 from project.data.demo import make_demo
 from project.extras.datatools.check_data import scan
@@ -41,7 +42,7 @@ def _model(**kwargs) -> ImageClassifier:
 
 
 def _data(tiny_data, **kwargs) -> FolderDataModule:
-    return FolderDataModule(tiny_data, batch_size=8, num_workers=0, **kwargs)
+    return FolderDataModule(tiny_data, batch_size=8, num_workers=0, preprocessing=Preprocessing(32), **kwargs)
 
 
 class _NaNData(FolderDataModule):
@@ -53,7 +54,7 @@ class _NaNData(FolderDataModule):
 
 def test_nan_inputs_are_reported_and_stop_the_run(tiny_data, tmp_path, caplog):
     with caplog.at_level(logging.INFO), pytest.raises(TrainingHealthError) as err:
-        _trainer(tmp_path).fit(_model(), _NaNData(tiny_data, num_workers=0))
+        _trainer(tmp_path).fit(_model(), _NaNData(tiny_data, num_workers=0, preprocessing=Preprocessing(32)))
     assert "contain 16 NaN/Inf values" in caplog.text
     message = str(err.value)
     assert "non-finite gradients at step 0" in message and "nonfinite [16, 0, 0]" in message

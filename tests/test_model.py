@@ -70,7 +70,7 @@ def test_offline_the_run_warns_and_records_pretrained_false(monkeypatch, caplog,
     assert "resnet18-f37072fd.pth" in caplog.text and "hub/checkpoints" in caplog.text
     logger = L.pytorch.loggers.CSVLogger(tmp_path)
     _trainer(max_epochs=1, limit_train_batches=1, logger=logger, callbacks=default_callbacks()).fit(
-        model, FolderDataModule(tiny_data, batch_size=4, num_workers=0))
+        model, FolderDataModule(tiny_data, batch_size=4, num_workers=0, preprocessing=model.preprocessing))
     assert logger.experiment.hparams["pretrained"] is False
 
 
@@ -139,6 +139,7 @@ def test_the_loss_holds_label_smoothing_and_balanced_class_weights(tiny_data):
     dm = FolderDataModule(tiny_data, batch_size=8, num_workers=0)
     model = ImageClassifier(num_classes=5, weights=None, label_smoothing=0.2, class_weights="balanced",
                             image_size=32, label_stats=dm.label_stats)  # as the CLI links them
+    dm.preprocessing = model.preprocessing
     _trainer(max_epochs=1, limit_train_batches=1).fit(model, dm)
     assert model.class_weight.tolist() == pytest.approx([1.0] * 5)  # 8 images per class: balanced
     model.class_weight.copy_(torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]))
@@ -175,7 +176,7 @@ def test_a_frozen_backbone_keeps_its_weights_and_batchnorm_statistics(tiny_data)
     head_before = model.net.fc.weight.detach().clone()
     recorder = _Recorder()
     _trainer(callbacks=[FreezeBackbone(epochs=1), recorder], num_sanity_val_steps=1).fit(
-        model, FolderDataModule(tiny_data, batch_size=8, num_workers=0))
+        model, FolderDataModule(tiny_data, batch_size=8, num_workers=0, preprocessing=model.preprocessing))
     frozen, unfrozen = recorder.snapshots
     for key, value in before.items():  # weights and running_mean/var unchanged while frozen
         assert torch.equal(frozen[key], value), key

@@ -84,7 +84,8 @@ def test_overfit_passes_on_a_healthy_model_and_names_the_causes_of_a_failure(tin
     model.requires_grad_(False)
     trainer = L.Trainer(max_steps=5, overfit_batches=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, limit_val_batches=0)
-    assert run_overfit(trainer, model, FolderDataModule(tiny_data, batch_size=8, augmentation=None), 0.1) == 1
+    dm = FolderDataModule(tiny_data, batch_size=8, augmentation=None, preprocessing=model.preprocessing)
+    assert run_overfit(trainer, model, dm, 0.1) == 1
     assert "every parameter is frozen" in capsys.readouterr().out
 
 

@@ -151,3 +151,17 @@ def test_an_extra_validation_set_is_logged_apart_and_never_averaged_into_val(tin
     assert cli(["fit", *fit_args(tiny_data, *QUICK, missing, epochs=1)], tmp_path / "bad") == 2
     assert "data.extra_val.gone must be a folder" in one_error(capsys.readouterr().err)
     assert not (tmp_path / "bad" / "logs").exists()
+
+
+def test_a_data_module_built_apart_with_other_preprocessing_stops_before_training(tiny_data):
+    """In Python the data gets the model's preprocessing by hand; forgotten, the guards say so."""
+    import lightning as L
+
+    from project.callbacks.guards import Guards, TrainingHealthError
+    from project.data import FolderDataModule
+
+    model = ImageClassifier(num_classes=5, weights=None, image_size=32)
+    trainer = L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, callbacks=[Guards()])
+    with pytest.raises(TrainingHealthError, match=r"prepares 224 px .* preprocessing=model.preprocessing"):
+        trainer.fit(model, FolderDataModule(tiny_data, batch_size=8, num_workers=0))

@@ -18,9 +18,10 @@ class TrainingHealthError(ProjectError, RuntimeError):
 
 
 class Guards(Callback):
-    """Every trainable parameter must reach an optimiser; the first batch's statistics are logged
-    (and TensorBoard text), warning of un-normalised or NaN inputs; a non-finite gradient stops
-    the run before the weights change (with fp16 loss scaling, ``patience_with_scaler`` in a row)."""
+    """The data must feed the model its own preprocessing; every trainable parameter must reach an
+    optimiser; the first batch's statistics are logged (and TensorBoard text), warning of
+    un-normalised or NaN inputs; a non-finite gradient stops the run before the weights change
+    (with fp16 loss scaling, ``patience_with_scaler`` in a row)."""
 
     def __init__(self, max_abs_input: float = 10.0, patience_with_scaler: int = 10, top: int = 5) -> None:
         self.max_abs_input, self.patience, self.top = max_abs_input, patience_with_scaler, top
@@ -28,6 +29,15 @@ class Guards(Callback):
         self.batch: torch.Tensor | None = None
         self.previous: tuple[torch.Tensor, list[str]] | None = None
         self.first_batch_seen = False
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        data = getattr(trainer.datamodule, "preprocessing", None)
+        model = getattr(pl_module, "preprocessing", None)
+        if data is not None and model is not None and data != model:  # built apart in Python
+            raise TrainingHealthError(
+                f"the data module prepares {data.image_size} px images normalised with mean {data.mean}, "
+                f"but the model takes {model}: build it with "
+                "FolderDataModule(..., preprocessing=model.preprocessing) (the CLI links it)")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         hidden = plain_container_modules(pl_module)
