@@ -88,6 +88,7 @@ def test_a_regression_run_logs_mae_and_keeps_the_lowest(regression_run, capsys):
     assert "val/predicted_vs_true" in acc.Tags()["images"]
 
 
+@pytest.mark.slow
 def test_a_regression_resumes_bit_exactly(count_data, tmp_path):
     common = ["--trainer.deterministic=true", "--trainer.limit_train_batches=3", *EVERY_EPOCH]
     for name in ("straight", "resumed"):
@@ -179,6 +180,7 @@ def test_a_sweep_over_numbers_minimises_val_mae(count_data):
     assert default_objective(config) == ("val/mae", "min")
 
 
+@pytest.mark.slow
 def test_two_numeric_columns_are_two_outputs(count_data, tmp_path):
     rows = (count_data / "labels.csv").read_text().splitlines()
     table = tmp_path / "two.csv"
@@ -190,3 +192,19 @@ def test_two_numeric_columns_are_two_outputs(count_data, tmp_path):
     model = load_model(best_ckpt(only_run(tmp_path / "logs")))
     assert model.class_names == ["count", "double"]
     assert model.task.mean[1] == pytest.approx(2 * model.task.mean[0])
+
+
+@pytest.mark.slow
+def test_a_sweep_over_numbers_keeps_the_trial_with_the_lowest_val_mae(count_data, tmp_path):
+    import optuna
+
+    (tmp_path / "space.yaml").write_text("model.lr: {log_uniform: [0.003, 0.03]}\n")
+    assert cli(["sweep", "--sweep", str(tmp_path / "space.yaml"), "--n_trials", "2", "--pruner", "none",
+                "--study", "counts", *reg_args(count_data, *QUICK, epochs=1)], tmp_path) == 0
+    study = optuna.load_study(study_name="counts", storage=f"sqlite:///{tmp_path}/logs/sweeps/counts.db")
+    assert study.direction == optuna.study.StudyDirection.MINIMIZE
+    values = [t.value for t in study.get_trials()]
+    assert len(values) == 2 and study.best_value == min(values)
+    for trial in study.get_trials():  # each trial's value is its run's lowest val/mae
+        run = tmp_path / "logs/sweeps/counts" / f"trial_{trial.number:03d}"
+        assert trial.value == pytest.approx(min(v for _, v in scalars(run)["val/mae"]), rel=1e-5)
