@@ -169,6 +169,12 @@ def test_settings_for_classes_are_refused_for_numbers_in_one_line(count_data, tm
         assert cli(["fit", *reg_args(count_data, *QUICK, extra, epochs=1)], tmp_path) == 2, extra
         assert key in one_error(capsys.readouterr().err), extra
     assert cli(["calibrate", "--ckpt_path", str(tmp_path / "none.ckpt")], tmp_path) == 2
+    for task, says in (("regresion", "data.task 'regresion' is unknown; choose from auto, multiclass"),
+                       ("multiclass", "data.task=multiclass, but")):
+        capsys.readouterr()
+        assert cli(["fit", *reg_args(count_data, *QUICK, f"--data.task={task}", epochs=1)], tmp_path) == 2
+        assert says in one_error(capsys.readouterr().err), task
+    assert not (tmp_path / "logs").exists()
 
 
 def test_a_sweep_over_numbers_minimises_val_mae(count_data):

@@ -114,7 +114,11 @@ class FolderDataModule(L.LightningDataModule):
     def task(self) -> str:
         """The task the labels describe (``project/tasks/``): a class per image unless a labels
         table has several labels in a row or numbers instead of a label (or data.task says so)."""
-        return tasks.DEFAULT if self.streaming else self.splits.task
+        task = tasks.DEFAULT if self.streaming else self.splits.task
+        require(not self.hparams.balanced_sampling or tasks.task_class(task).one_class_per_image,
+                "data.balanced_sampling", f"is for one class per image, not a {task} task (multi-label: "
+                "model.class_weights=balanced)", True)  # read when the CLI links it: before any run
+        return task
 
     @cached_property
     def extra_val_names(self) -> list[str]:
@@ -237,9 +241,6 @@ class FolderDataModule(L.LightningDataModule):
         overfitting = self.trainer is not None and self.trainer.overfit_batches > 0
         weights = None
         if self.hparams.balanced_sampling and not overfitting:
-            require(tasks.task_class(self.task).one_class_per_image, "data.balanced_sampling",
-                    f"is for one class per image, not a {self.task} task (try model.class_weights=balanced)",
-                    True)
             weights = inverse_frequency(self.train_set.targets, self.num_classes)[self.train_set.targets]
         sampler = EpochSampler(len(self.train_set), weights, shuffle=not overfitting,
                                seed=self.run_seed(), num_replicas=world, rank=rank)
