@@ -48,6 +48,9 @@ def load_model(path: str | Path):
     if not hparams.get("class_names"):
         raise CheckpointError(f"'{path}' holds no class names (hyper_parameters.class_names); it was "
                               "not written by this project's training")
+    if "head_hidden" in hparams or isinstance(hparams.get("head"), str):  # before model.head was a group
+        hparams["head"] = {"kind": hparams.get("head", "linear"), "hidden": hparams.pop("head_hidden", 512),
+                           "dropout": hparams.pop("head_dropout", 0.0)}
     if "multilabel_loss" in hparams:  # written before model.loss was the task's
         old = hparams.pop("multilabel_loss")
         hparams.setdefault("loss", old if hparams.get("task") == MULTI_LABEL else None)
@@ -64,7 +67,7 @@ def load_model(path: str | Path):
         model.load_state_dict(state)
     except RuntimeError as err:
         raise CheckpointError(f"'{path}' does not fit the model its settings describe (another head or "
-                              f"backbone than model.head={hparams.get('head', 'linear')}, "
+                              f"backbone than model.head={hparams.get('head')}, "
                               f"{hparams.get('backbone')}): {str(err).splitlines()[0]}") from err
     model.on_load_checkpoint(ckpt)  # the task's state (a multi-label model's thresholds)
     apply_calibration(model, path)

@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
 from project.callbacks.guards import Guards
-from project.common.argv import pop_option
+from project.common.argv import check_renamed, pop_option
 from project.data import FolderDataModule
 from project.errors import ProjectError
 from project.model import ImageClassifier
@@ -180,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             module, function = COMMANDS[argv[0]].split(":")
             return getattr(importlib.import_module(module), function)(argv[1:]) or 0
         argv, run_dir = pop_option(argv, "--run_dir")
+        check_renamed(argv)
         if argv and argv[0] in ("validate", "test"):
             from project.runs import resolve_ckpt_alias  # --ckpt_path best|last
 

@@ -95,7 +95,8 @@ def test_a_file_or_a_template_checkpoint_works_as_weights(trained_run, tmp_path)
     ("mobilenet_v3_small", 64, "mlp"), ("convnext_tiny", 64, "linear"), ("convnext_tiny", 64, "mlp"),
     ("vit_b_16", 224, "linear"), pytest.param("vit_b_16", 224, "mlp", marks=pytest.mark.slow)])
 def test_each_family_gets_a_new_head_of_the_kind_asked(name, size, head):
-    model = ImageClassifier(num_classes=5, backbone=name, weights=None, head=head, head_hidden=32)
+    model = ImageClassifier(num_classes=5, backbone=name, weights=None, head=backbones.Head(head, 32),
+                            image_size=size)
     layer = model.net.get_submodule(model.head_name)
     linears = [m for m in layer.modules() if isinstance(m, nn.Linear)]
     assert len(linears) == (1 if head == "linear" else 2) and linears[-1].out_features == 5
@@ -105,8 +106,8 @@ def test_each_family_gets_a_new_head_of_the_kind_asked(name, size, head):
 
 
 def test_an_mlp_head_trains_exports_and_reloads_from_its_checkpoint(tiny_data, trained_run, tmp_path):
-    assert cli(["fit", *fit_args(tiny_data, *QUICK, "--model.head=mlp", "--model.head_hidden=16",
-                                 "--model.head_dropout=0.1", epochs=1)], tmp_path) == 0
+    assert cli(["fit", *fit_args(tiny_data, *QUICK, "--model.head.kind=mlp", "--model.head.hidden=16",
+                                 "--model.head.dropout=0.1", epochs=1)], tmp_path) == 0
     ckpt = best_ckpt(only_run(tmp_path / "logs"))
     model = load_model(ckpt)
     assert isinstance(model.net.fc, nn.Sequential) and model.net.fc[0].out_features == 16
@@ -116,16 +117,20 @@ def test_an_mlp_head_trains_exports_and_reloads_from_its_checkpoint(tiny_data, t
     assert report["formats"]["onnx"]["max_abs_diff"] <= 1e-4 and (tmp_path / "export/model.onnx").is_file()
     # a checkpoint whose stored head does not match its weights fails in one line, not a raw error
     broken = read_checkpoint(ckpt)
-    broken["hyper_parameters"]["head"] = "linear"
+    broken["hyper_parameters"]["head"] = {"kind": "linear", "hidden": 16, "dropout": 0.1}
     torch.save(broken, tmp_path / "broken.ckpt")
     with pytest.raises(CheckpointError, match="does not fit the model its settings describe"):
         load_model(tmp_path / "broken.ckpt")
     # checkpoints from before the head setting load as the linear head they had
     old = read_checkpoint(best_ckpt(trained_run))
-    for key in ("head", "head_hidden", "head_dropout"):
-        old["hyper_parameters"].pop(key)
+    old["hyper_parameters"].pop("head")
     torch.save(old, tmp_path / "old.ckpt")
     assert isinstance(load_model(tmp_path / "old.ckpt").net.fc, nn.Linear)
+    # ...and those from before model.head was a group (head: mlp, head_hidden: 16) as theirs
+    flat = read_checkpoint(ckpt)
+    flat["hyper_parameters"].update(head="mlp", head_hidden=16, head_dropout=0.1)
+    torch.save(flat, tmp_path / "flat.ckpt")
+    assert load_model(tmp_path / "flat.ckpt").net.fc[0].out_features == 16
 
 
 def test_unknown_backbones_and_impossible_heads_list_the_fix():

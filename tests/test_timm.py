@@ -47,8 +47,8 @@ def place_in_cache(home: Path, repo: str, state: dict, revision: str = "0123abcd
 @pytest.mark.parametrize("kind", ["linear", "mlp"])
 def test_each_family_trains_one_step_with_a_new_head(name, size, kind):
     torch.manual_seed(0)
-    model = ImageClassifier(num_classes=3, backbone=name, weights=None, image_size=size, head=kind,
-                            head_hidden=8)
+    model = ImageClassifier(num_classes=3, backbone=name, weights=None, image_size=size,
+                            head=backbones.Head(kind, 8))
     head = model.net.get_submodule(model.head_name)
     linears = [m for m in head.modules() if isinstance(m, nn.Linear)]
     assert len(linears) == (1 if kind == "linear" else 2) and linears[-1].out_features == 3

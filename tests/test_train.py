@@ -43,7 +43,7 @@ def test_a_run_keeps_its_settings_checkpoints_and_dashboards(trained_run):
     for path in (ckpts / "last.ckpt", best_ckpt(trained_run)):
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
         assert ckpt["hyper_parameters"]["class_names"] == CLASSES
-        assert ckpt["hyper_parameters"]["head"] == "linear"
+        assert ckpt["hyper_parameters"]["head"] == {"kind": "linear", "hidden": 512, "dropout": 0.0}
         assert {"state_dict", "optimizer_states", "lr_schedulers", "epoch", "rng_states"} <= ckpt.keys()
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -91,7 +91,8 @@ def test_resume_continues_the_run_and_its_loggers_in_the_same_folder(tiny_data, 
     (["--data.data_dir=MISSING"], "error: data.data_dir 'MISSING' does not exist"),
     (["--model.image_size=0"], "error: model.image_size must be an integer >= 1, got 0"),
     (["--data.augmentation.hflip=2"], "error: data.augmentation.hflip must be in [0, 1], got 2.0"),
-    (["--model.head=mlp", "--model.head_dropout=1.5"], "error: model.head_hidden/head_dropout must be"),
+    (["--model.head.kind=mlp", "--model.head.dropout=1.5"], "error: model.head: kind must be linear or mlp"),
+    (["--model.head_dropout=0.1"], "error: model.head_dropout is now model.head.dropout: rename it"),
 ])
 def test_bad_settings_fail_in_one_line_before_any_work(tiny_data, tmp_path, capsys, args, message):
     assert cli(["fit", *fit_args(tiny_data), *args], tmp_path) == 2

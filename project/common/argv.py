@@ -1,6 +1,13 @@
 """Command-line options that the project reads before Lightning or argparse parse the rest."""
 
 import argparse
+from pathlib import Path
+
+from project.errors import ConfigError
+
+# settings that moved, old -> new: a config or command line with an old one fails in one line
+RENAMED = {"model.head_hidden": "model.head.hidden", "model.head_dropout": "model.head.dropout",
+           "model.multilabel_loss": "model.loss"}
 
 
 def pop_option(argv: list[str], name: str) -> tuple[list[str], str | None]:
@@ -9,3 +16,19 @@ def pop_option(argv: list[str], name: str) -> tuple[list[str], str | None]:
     parser.add_argument(name)
     found, rest = parser.parse_known_args(argv)
     return rest, getattr(found, name.lstrip("-"))
+
+
+def check_renamed(argv: list[str]) -> None:
+    """An old key (``RENAMED``) on the command line or in a ``--config`` file: one line naming the new."""
+    import yaml
+
+    keys = {a[2:].split("=", 1)[0] for a in argv if a.startswith("--")}
+    configs = [b for a, b in zip(argv, argv[1:], strict=False) if a == "--config"]
+    configs += [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+    for config in configs:
+        text = yaml.safe_load(Path(config).read_text()) if Path(config).is_file() else None
+        if isinstance(text, dict):
+            keys |= {f"{section}.{k}" for section, v in text.items() if isinstance(v, dict) for k in v}
+    for old in sorted(keys & set(RENAMED)):
+        group = " (model.head is a group: {kind: mlp, hidden: 512, dropout: 0.1})" if "head" in old else ""
+        raise ConfigError(f"{old} is now {RENAMED[old]}: rename it{group}")

@@ -31,11 +31,21 @@ HeadKind = Literal["linear", "mlp"]
 
 @dataclass(frozen=True)
 class Head:
-    """The new classification layer: ``linear``, or ``mlp`` (Linear, GELU, Dropout, Linear)."""
+    """The new classification layer (``model.head``): ``linear``, or ``mlp`` (Linear, GELU,
+    Dropout, Linear) with ``hidden`` units and ``dropout``."""
 
     kind: HeadKind = "linear"
     hidden: int = 512
     dropout: float = 0.0
+
+    @classmethod
+    def of(cls, value: "Head | dict | str") -> "Head":
+        """A head from the config (a group), a checkpoint (a dict) or Python (``"mlp"``), checked."""
+        head = cls(**value) if isinstance(value, dict) else cls(value) if isinstance(value, str) else value
+        if head.kind not in ("linear", "mlp") or head.hidden < 1 or not 0 <= head.dropout < 1:
+            raise WeightsError("model.head: kind must be linear or mlp, hidden >= 1 and dropout in [0, 1), "
+                               f"got {head}")
+        return head
 
     def build(self, in_features: int, num_classes: int) -> nn.Module:
         if self.kind == "linear":

@@ -3,6 +3,7 @@
 
 import functools
 import logging
+from dataclasses import asdict
 from typing import Literal
 
 import lightning as L
@@ -36,9 +37,7 @@ class ImageClassifier(L.LightningModule):
         loss: str | None = None,
         backbone: str = "resnet18",
         weights: str | None = "DEFAULT",
-        head: backbones.HeadKind = "linear",
-        head_hidden: int = 512,
-        head_dropout: float = 0.0,
+        head: backbones.Head = backbones.Head(),
         image_size: int = 224,
         crop_ratio: float | None = None,
         interpolation: Literal["bilinear", "bicubic", "nearest"] | None = None,
@@ -69,8 +68,7 @@ class ImageClassifier(L.LightningModule):
                 (mixup_alpha, cutmix_alpha))
         require(layer_decay is None or 0 < layer_decay <= 1, "model.layer_decay", "must be in (0, 1]",
                 layer_decay)
-        require(head_hidden >= 1 and 0 <= head_dropout < 1, "model.head_hidden/head_dropout",
-                "must be >= 1 and in [0, 1)", (head_hidden, head_dropout))
+        head = backbones.Head.of(head)
         if class_names is not None and len(class_names) != num_classes:
             raise ConfigError(f"{len(class_names)} class_names for num_classes={num_classes}")
         self.save_hyperparameters(logger=False)  # the run summary logs them, with the data's
@@ -78,7 +76,7 @@ class ImageClassifier(L.LightningModule):
                                                              interpolation, mean, std)
         pre = self.preprocessing  # stored resolved: a checkpoint rebuilds without the weights
         self.hparams.update(crop_ratio=pre.crop_ratio, interpolation=pre.interpolation,
-                            mean=list(pre.mean), std=list(pre.std))
+                            mean=list(pre.mean), std=list(pre.std), head=asdict(head))
         for key, value in (("optimizer", optimizer), ("scheduler", scheduler)):
             if value is not None and not isinstance(self.hparams[key], dict):  # built in Python:
                 self.hparams[key] = {"class_path": getattr(value, "__qualname__", str(value))}  # no code
@@ -86,8 +84,7 @@ class ImageClassifier(L.LightningModule):
         self.optimizer_factory = _Shared(optimizer or DEFAULT_OPTIMIZER)
         self.scheduler_factory = _Shared(scheduler) if scheduler is not None else None
         self.class_names = list(class_names or [str(i) for i in range(num_classes)])
-        new_head = backbones.Head(head, head_hidden, head_dropout)
-        built = backbones.build(backbone, weights, num_classes, new_head, image_size)
+        built = backbones.build(backbone, weights, num_classes, head, image_size)
         self.net, self.head_name = built.net, built.head_name
         self.pretrained, self.weights_note = built.pretrained, built.weights_note
         self.lr = lr  # the LR finder reads and writes this attribute
