@@ -62,7 +62,7 @@ def test_a_table_of_numbers_is_a_regression_scaled_from_the_training_split(count
     assert counts[0] <= 2 and counts[-1] >= 5  # stratified on the values: val covers their range
     from project.tasks import task_class
 
-    stats = task_class("regression").label_stats([s.label for s in splits.train], 1)
+    stats = task_class("regression").summarise_labels([s.label for s in splits.train], 1)
     values = torch.tensor([s.label[0] for s in splits.train], dtype=torch.float64)
     assert stats["target_mean"] == pytest.approx([float(values.mean())])
     assert stats["target_std"] == pytest.approx([float(values.std(unbiased=False))])

@@ -137,7 +137,7 @@ class FolderDataModule(L.LightningDataModule):
             targets = list(self.streamed.manifest["splits"]["train"]["labels"])
         else:
             targets = [s.label for s in self.splits.train]
-        return tasks.task_class(self.task).label_stats(targets, self.num_classes)
+        return tasks.task_class(self.task).summarise_labels(targets, self.num_classes)
 
     @cached_property
     def streamed(self):  # the streaming extra: datasets and loaders of an optimized data set

@@ -26,6 +26,7 @@ class Task:
     mode: ClassVar[str] = "max"
     losses: ClassVar[dict[str, Callable[..., Loss]]] = {}  # model.loss -> factory(task, smoothing)
     default_loss: ClassVar[str]
+    train_metric_name: ClassVar[str] = "train/acc"
     # one class per image: MixUp/CutMix, balanced sampling, suspects and a fitted temperature apply
     one_class_per_image: ClassVar[bool] = True
 
@@ -39,7 +40,7 @@ class Task:
         self.criterion = self.losses[self.loss_name](self, label_smoothing)
 
     @classmethod
-    def label_stats(cls, targets: list, num_outputs: int) -> dict:
+    def summarise_labels(cls, targets: list, num_outputs: int) -> dict:
         """What the model needs to know of the training split's labels (the data module computes
         it, the CLI links it into ``model.label_stats``): here, ``class_weights: balanced``."""
         from project.data.samplers import inverse_frequency
@@ -59,10 +60,8 @@ class Task:
         return self.criterion(logits, target, weight=weight)
 
     def train_metric(self) -> Metric:
-        """Logged as ``train/acc`` each epoch (``train_metric_name``)."""
+        """Logged as ``train_metric_name`` each epoch."""
         raise NotImplementedError
-
-    train_metric_name: ClassVar[str] = "train/acc"
 
     def stage_metrics(self, stage: str) -> nn.Module:
         """An ``nn.Module`` with ``update(logits, target, loss)`` and ``compute() -> {name: value}``

@@ -48,7 +48,7 @@ class Regression(Task):
         self.std = torch.tensor(self.label_stats.get("target_std") or [1.0] * n, dtype=torch.float32)
 
     @classmethod
-    def label_stats(cls, targets: list, num_outputs: int) -> dict:
+    def summarise_labels(cls, targets: list, num_outputs: int) -> dict:
         values = torch.tensor(targets, dtype=torch.float64).reshape(-1, num_outputs)
         std = values.std(0, unbiased=False) if len(values) > 1 else torch.ones(num_outputs)
         return {"target_mean": values.mean(0).tolist(),
