@@ -165,3 +165,25 @@ def test_a_data_module_built_apart_with_other_preprocessing_stops_before_trainin
                         enable_model_summary=False, callbacks=[Guards()])
     with pytest.raises(TrainingHealthError, match=r"prepares 224 px .* preprocessing=model.preprocessing"):
         trainer.fit(model, FolderDataModule(tiny_data, batch_size=8, num_workers=0))
+
+
+def test_the_answer_policy_travels_in_the_checkpoint_and_the_onnx_file(trained_run, tiny_data, tmp_path):
+    """model.min_confidence is the model's own policy: predict, the exported file and infer.py
+    answer with it unless the command line says otherwise; a class it does not know fails."""
+    from project.checkpoints import load_model, read_checkpoint
+    from project.extras.deploy.export import export_checkpoint
+    from project.extras.deploy.infer import OnnxClassifier, classify
+    from project.extras.deploy.predict import predict_files
+
+    ckpt = read_checkpoint(best_ckpt(trained_run))
+    ckpt["hyper_parameters"]["min_confidence"] = "0.999999"  # as --model.min_confidence stores it
+    torch.save(ckpt, tmp_path / "strict.ckpt")
+    model = load_model(tmp_path / "strict.ckpt")
+    paths = sorted(str(p) for p in (tiny_data / "test").rglob("*.png"))[:4]
+    assert all(r["unsure"] for r in predict_files(model, paths))
+    assert not any(r["unsure"] for r in predict_files(model, paths, min_confidence="0.0"))  # the option wins
+    export_checkpoint(tmp_path / "strict.ckpt", tmp_path / "export", ["onnx"], repeats=1)
+    onnx_model = OnnxClassifier(tmp_path / "export" / "model.onnx")
+    assert all(r["unsure"] for r in classify(onnx_model, paths))
+    with pytest.raises(ConfigError, match="model.min_confidence: .*'cow' is not a class"):
+        ImageClassifier(num_classes=5, weights=None, image_size=32, min_confidence="cow=0.5")

@@ -16,6 +16,7 @@ from project import tasks
 from project.errors import ConfigError, require
 from project.model import backbones, schedule
 from project.model.param_groups import make_param_groups
+from project.tasks import answers
 
 log = logging.getLogger("project")
 # when model.optimizer is not set (its lr is replaced by the parameter groups')
@@ -58,6 +59,7 @@ class ImageClassifier(L.LightningModule):
         compile: bool = False,
         extra_val: list[str] | None = None,
         loader_batch_size: int | None = None,
+        min_confidence: str | float | None = None,
     ) -> None:
         super().__init__()
         require(lr >= 0 and head_lr_mult > 0, "model.lr/head_lr_mult", "must be >= 0 and > 0",
@@ -94,6 +96,10 @@ class ImageClassifier(L.LightningModule):
         # the task owns loss, metrics and outputs (project/tasks/); the data chose it
         self.task = tasks.task_class(task)(self.class_names, loss, label_smoothing, label_stats)
         self.task.check(dict(self.hparams))
+        try:  # the answer policy stored with the model, checked against its classes
+            answers.answers(self.class_names, self.answer_state())
+        except ConfigError as err:
+            raise ConfigError(f"model.min_confidence: {err}") from None
         self.train_acc = self.task.train_metric()
         self.val_metrics = self.task.stage_metrics("val")
         self.test_metrics = self.task.stage_metrics("test")
@@ -140,7 +146,8 @@ class ImageClassifier(L.LightningModule):
     def answer_state(self) -> dict:
         """What answers need beside the class names (``project/tasks/answers.py``): the task, the
         temperature and the task's own state; kept in checkpoints and ONNX metadata."""
-        return {"task": self.task.name, "temperature": float(self.temperature), **self.task.state()}
+        return {"task": self.task.name, "temperature": float(self.temperature), **self.task.state(),
+                "min_confidence": self.hparams.min_confidence}
 
     # -- steps ---------------------------------------------------------------------------
     def training_step(self, batch, batch_idx: int) -> torch.Tensor | None:

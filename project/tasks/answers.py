@@ -34,6 +34,7 @@ class Answers:
         self.temperature = float(state.get("temperature", 1.0))  # 1: never calibrated
         if not self.temperature > 0:
             raise ValueError(f"temperature must be above 0, got {state.get('temperature')!r}")
+        self.policy(None)  # the stored policy (model.min_confidence), checked against the names
 
     def scores(self, logits: np.ndarray) -> np.ndarray:
         raise NotImplementedError
@@ -42,7 +43,9 @@ class Answers:
         raise NotImplementedError
 
     def policy(self, spec: str | None) -> np.ndarray | None:
-        """Per-class minimum confidence from ``--min_confidence`` (None: every image answered)."""
+        """Per-class minimum confidence from ``--min_confidence``, else the model's own
+        (``model.min_confidence``, in the checkpoint and the ONNX metadata); None: all answered."""
+        spec = self.state.get("min_confidence") if spec is None else spec
         return None if spec is None else min_confidence(spec, self.names)
 
     def rows(self, paths: list[str], logits: np.ndarray, top_k: int = 3,
@@ -102,9 +105,9 @@ class Values(Answers):
         return {"path": path, "predicted": ";".join(values.values()), **values, "error": ""}
 
     def policy(self, spec: str | None) -> np.ndarray | None:
-        if spec is not None:
-            raise ConfigError("--min_confidence is for classifiers; a regression model answers "
-                              "values, with no confidence to compare")
+        if spec is not None or self.state.get("min_confidence") is not None:
+            raise ConfigError("--min_confidence (model.min_confidence) is for classifiers; a "
+                              "regression model answers values, with no confidence to compare")
         return None
 
 
@@ -121,12 +124,12 @@ def answers(names: list[str], state: dict) -> Answers:
 
 def to_metadata(state: dict) -> dict[str, str]:
     """The state as an ONNX file's metadata strings (:func:`from_metadata` reads them back)."""
-    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in state.items()}
+    return {k: v if k == "task" else json.dumps(v) for k, v in state.items() if v is not None}
 
 
 def from_metadata(meta: dict[str, str]) -> dict:
     state = {}
-    for key in ("task", "temperature", "thresholds", "target_mean", "target_std"):
+    for key in ("task", "temperature", "thresholds", "target_mean", "target_std", "min_confidence"):
         if key in meta:
             state[key] = meta[key] if key == "task" else json.loads(meta[key])
     return state
@@ -135,7 +138,7 @@ def from_metadata(meta: dict[str, str]) -> dict:
 def min_confidence(spec: str | float, names: list[str]) -> np.ndarray:
     """``0.8`` or ``cat=0.9,dog=0.7,0.5`` -> each class's minimum confidence (a bare number is the
     default of the classes not named; without one they are always answered)."""
-    floors, default, named = {}, 0.0, {}
+    default, named = 0.0, {}
     for part in str(spec).split(","):
         name, _, value = part.strip().rpartition("=")
         try:
