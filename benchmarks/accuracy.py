@@ -115,10 +115,10 @@ def plain_run(data: Path, size: int, epochs: int, seed: int) -> list[tuple[float
 
 def template_run(data: Path, size: int, epochs: int, seed: int, workdir: Path, *extra: str,
                  presets: tuple[str, ...] = ("characters", "scratch"),
-                 launcher: tuple[str, ...] = ("-m", "project"),
+                 launcher: tuple[str, ...] = ("-m", "project"), metric: str = "val/acc",
                  ) -> tuple[list[tuple[float, float]], Path]:
     """The template through its CLI (``python -m project fit``, or ``python *launcher fit``).
-    Returns (elapsed, val/acc) per epoch and the run folder."""
+    Returns (elapsed, ``metric``) per epoch and the run folder."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     stack = [arg for name in presets for arg in ("--config", str(REPO / f"configs/presets/{name}.yaml"))]
@@ -137,7 +137,7 @@ def template_run(data: Path, size: int, epochs: int, seed: int, workdir: Path, *
     run = max(workdir.glob("logs/*/version_*"), key=lambda p: p.stat().st_mtime)
     acc = EventAccumulator(str(run), size_guidance={"scalars": 0})
     acc.Reload()
-    events = acc.Scalars("val/acc")
+    events = acc.Scalars(metric)
     return [(e.wall_time - start, e.value) for e in events], run
 
 

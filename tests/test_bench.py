@@ -52,7 +52,6 @@ def test_serve_bench_quick_measures_both_batching_modes(capsys):
     assert all(float(r[5]) > 0 and float(r[6]) > 0 for r in rows)
 
 
-
 @pytest.mark.slow
 def test_regression_bench_quick_prints_both_sides(capsys):
     from benchmarks import regression
