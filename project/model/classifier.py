@@ -16,7 +16,6 @@ from project import tasks
 from project.errors import ConfigError, require
 from project.model import backbones, schedule
 from project.model.param_groups import make_param_groups
-from project.tasks import answers
 
 log = logging.getLogger("project")
 # when model.optimizer is not set (its lr is replaced by the parameter groups')
@@ -96,10 +95,13 @@ class ImageClassifier(L.LightningModule):
         # the task owns loss, metrics and outputs (project/tasks/); the data chose it
         self.task = tasks.task_class(task)(self.class_names, loss, label_smoothing, label_stats)
         self.task.check(dict(self.hparams))
-        try:  # the answer policy stored with the model, checked against its classes
-            answers.answers(self.class_names, self.answer_state())
-        except ConfigError as err:
-            raise ConfigError(f"model.min_confidence: {err}") from None
+        if min_confidence is not None:  # the answer policy stored with the model, checked now
+            from project.tasks.answers import answers
+
+            try:
+                answers(self.class_names, self.answer_state())
+            except ConfigError as err:
+                raise ConfigError(f"model.min_confidence: {err}") from None
         self.train_acc = self.task.train_metric()
         self.val_metrics = self.task.stage_metrics("val")
         self.test_metrics = self.task.stage_metrics("test")
