@@ -58,6 +58,7 @@ class ProjectCLI(LightningCLI):
         """``tool``: a diagnosis run (overfit, LR finder): the guards only, no saved config.
         ``run_dir``: the folder every logger (and so the checkpoints) writes to."""
         self.tool, self.run_dir = tool, Path(run_dir) if run_dir else None
+        check_renamed(list(sys.argv[1:] if args is None else args))  # a config of an older version
         ckpt = pop_option(list(sys.argv[1:] if args is None else args), "--ckpt_path")[1]
         if ckpt:  # before Lightning reads its hyperparameters: one line of error for a foreign file
             from project.checkpoints import read_checkpoint
@@ -135,12 +136,12 @@ def linked_preprocessing(*settings):
 def follow_task(model, trainer) -> None:
     """Checkpoints that keep the best by the config's ``val/acc`` keep the best by the task's own
     metric instead (multi-label: ``val/map``; regression: the lowest ``val/mae``); said in one line."""
-    task, moved = model.task, 0
+    task = model.task
     for cb in trainer.checkpoint_callbacks:
         if isinstance(cb, ModelCheckpoint) and cb.monitor == "val/acc" and task.monitor != cb.monitor:
             short = task.monitor.rsplit("/", 1)[-1]
             cb.filename = (cb.filename or "").replace("acc{val/acc", f"{short}{{{task.monitor}")
-            cb.monitor, cb.mode, moved = task.monitor, task.mode, moved + 1
+            cb.monitor, cb.mode = task.monitor, task.mode
             cb.kth_value = torch.tensor(float("inf") if task.mode == "min" else float("-inf"))
     if trainer.is_global_zero:
         log.info("%s", task.describe())
@@ -180,7 +181,6 @@ def main(argv: list[str] | None = None) -> int:
             module, function = COMMANDS[argv[0]].split(":")
             return getattr(importlib.import_module(module), function)(argv[1:]) or 0
         argv, run_dir = pop_option(argv, "--run_dir")
-        check_renamed(argv)
         if argv and argv[0] in ("validate", "test"):
             from project.runs import resolve_ckpt_alias  # --ckpt_path best|last
 
