@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import json
 from pathlib import Path
 
 import numpy as np
@@ -122,7 +123,7 @@ def test_predict_infer_and_serve_give_equal_rows_for_equal_options(trained_run, 
     for path in paths:
         request = {"raw": base64.b64encode(Path(path).read_bytes()).decode()}
         row = api.encode_response(api.predict(api.decode_request(request)))["predictions"][0]
-        served.append({**row, "path": path})
+        served.append({**json.loads(json.dumps(row)), "path": path})  # as the server sends it: JSON
     unsure = [r["unsure"] == "True" for r in by_predict]
     assert any(unsure) and not all(unsure)
     assert [r["path"] for r in by_predict] == [r["path"] for r in by_infer] == paths

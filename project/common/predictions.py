@@ -45,7 +45,8 @@ def top_k_row(path: str, probs: np.ndarray, class_names: list[str], k: int,
 
 def unsure(row: dict, min_confidence: float) -> dict:
     """``unsure`` True, and ``predicted`` ``unsure``, when the top probability is below ``min_confidence``."""
-    row["unsure"] = bool(row.get("confidence")) and float(row["confidence"]) < min_confidence
+    # a Python bool: the server's JSON encoder refuses NumPy's
+    row["unsure"] = bool(row.get("confidence")) and float(row["confidence"]) < float(min_confidence)
     if row["unsure"]:
         row["predicted"] = "unsure"
     return row
