@@ -10,7 +10,18 @@ import yaml
 
 from project.cli import ProjectCLI
 from project.model.metrics import summary_metrics
-from tests.conftest import CLASSES, QUICK, TRAIN_CONFIG, best_ckpt, cli, fit_args, only_run, run_cli, scalars
+from tests.conftest import (
+    CLASSES,
+    QUICK,
+    TRAIN_CONFIG,
+    best_ckpt,
+    cli,
+    fit_args,
+    one_error,
+    only_run,
+    run_cli,
+    scalars,
+)
 
 
 def test_a_run_logs_the_overview_first_and_per_class_series_after_it(trained_run):
@@ -166,3 +177,17 @@ def test_the_command_line_trains_from_a_new_process(tiny_data, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert (only_run(tmp_path / "logs") / "checkpoints" / "last.ckpt").is_file()
     assert "Run finished after 1 epochs" in result.stdout
+
+
+def test_files_of_the_wrong_kind_are_one_line_and_leave_nothing(tiny_data, tmp_path, capsys):
+    """A text file as weights or as an ONNX model, a binary file as the labels table."""
+    text, binary = tmp_path / "notes.pth", tmp_path / "table.csv"
+    text.write_text("hello notes\n")
+    binary.write_bytes(bytes(range(128, 256)) * 4)
+    for args, says in (([f"--model.weights={text}"], "is not a readable state dict"),
+                       ([f"--data.labels={binary}"], "is not a text table in UTF-8")):
+        assert cli(["fit", *fit_args(tiny_data), *args], tmp_path) == 2
+        assert says in one_error(capsys.readouterr().err), args
+    assert cli(["serve", "--onnx", str(text)], tmp_path) == 2
+    assert "is not an ONNX model ONNX Runtime can load" in one_error(capsys.readouterr().err)
+    assert not (tmp_path / "logs").exists()

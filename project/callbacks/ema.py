@@ -6,6 +6,8 @@ import torch
 from lightning.pytorch.callbacks import WeightAveraging
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 
+from project.errors import ConfigError
+
 
 def ema_update(decay: float, warmup: bool):
     """``multi_avg_fn`` for ``AveragedModel`` (torch's ``foreach`` EMA); with ``warmup`` the decay
@@ -26,8 +28,8 @@ class EMA(WeightAveraging):
 
     def __init__(self, decay: float = 0.998, warmup: bool = True, every_n_steps: int = 2) -> None:
         if not 0 < decay < 1 or every_n_steps < 1:
-            raise ValueError(f"EMA decay must be in (0, 1) and every_n_steps >= 1, got {decay} and "
-                             f"{every_n_steps}")
+            raise ConfigError(f"the EMA callback's decay must be in (0, 1) and every_n_steps >= 1, got "
+                              f"{decay} and {every_n_steps} (trainer.callbacks in the config)")
         super().__init__(use_buffers=True, multi_avg_fn=ema_update(decay, warmup))
         self.every_n_steps = every_n_steps
 

@@ -71,46 +71,52 @@ def read_table(path: str | Path, data_dir: str | Path) -> Table:
         table.problems.append(f"data.labels '{path}' does not exist")
         return table
     root = Path(data_dir)
-    with open(table.path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.DictReader(f)
-        columns = [c.strip() for c in reader.fieldnames or []]
-        label_col = "labels" if "labels" in columns else "label"
-        if label_col not in columns:  # numbers instead of a label: a regression
-            table.value_columns = [c for c in columns if c not in ("image", "split") and c]
-        if "image" not in columns or not (label_col in columns or table.value_columns):
-            table.problems.append(f"{path} line 1: columns {columns or 'none'}; expected {FORMAT_HINT}")
-            return table
-        table.multilabel_column = label_col == "labels"
-        reader.fieldnames = columns
-        first_line: dict[str, int] = {}
-        for line, row in enumerate(reader, start=2):
-            image, cell = (row.get("image") or "").strip(), row.get(label_col) or ""
-            split = (row.get("split") or "").strip() or None
-            if table.value_columns:
-                names, bad = numbers(row, table.value_columns)
-                if bad:
-                    table.problems.append(f"{path} line {line}: {bad}")
+    try:
+        with open(table.path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.DictReader(f)
+            columns = [c.strip() for c in reader.fieldnames or []]
+            label_col = "labels" if "labels" in columns else "label"
+            if label_col not in columns:  # numbers instead of a label: a regression
+                table.value_columns = [c for c in columns if c not in ("image", "split") and c]
+            if "image" not in columns or not (label_col in columns or table.value_columns):
+                table.problems.append(f"{path} line 1: columns {columns or 'none'}; expected {FORMAT_HINT}")
+                return table
+            table.multilabel_column = label_col == "labels"
+            reader.fieldnames = columns
+            first_line: dict[str, int] = {}
+            for line, row in enumerate(reader, start=2):
+                image, cell = (row.get("image") or "").strip(), row.get(label_col) or ""
+                split = (row.get("split") or "").strip() or None
+                if table.value_columns:
+                    names, bad = numbers(row, table.value_columns)
+                    if bad:
+                        table.problems.append(f"{path} line {line}: {bad}")
+                        continue
+                else:
+                    names = split_labels(cell, table.multilabel_column)
+
+                def problem(text: str, line=line) -> None:
+                    table.problems.append(f"{path} line {line}: {text}")
+
+                if not image:
+                    problem("no image path")
                     continue
-            else:
-                names = split_labels(cell, table.multilabel_column)
-
-            def problem(text: str, line=line) -> None:
-                table.problems.append(f"{path} line {line}: {text}")
-
-            if not image:
-                problem("no image path")
-                continue
-            if image in first_line:
-                problem(f"'{image}' is listed again (first on line {first_line[image]}); one row per image")
-                continue
-            first_line[image] = line
-            if not names:
-                problem(f"empty label for '{image}'")
-            if split is not None and split not in SPLITS:
-                problem(f"split '{split}' must be train, val or test")
-            if not (root / image).is_file():
-                problem(f"'{image}' not found in data.data_dir '{root}'")
-            table.rows.append((line, image, names, split))
+                if image in first_line:
+                    problem(f"'{image}' is listed again (first on line {first_line[image]}); "
+                            "one row per image")
+                    continue
+                first_line[image] = line
+                if not names:
+                    problem(f"empty label for '{image}'")
+                if split is not None and split not in SPLITS:
+                    problem(f"split '{split}' must be train, val or test")
+                if not (root / image).is_file():
+                    problem(f"'{image}' not found in data.data_dir '{root}'")
+                table.rows.append((line, image, names, split))
+    except UnicodeDecodeError as err:  # a binary file, or another encoding
+        table.problems.append(f"{path} is not a text table in UTF-8 ({err.reason} at byte {err.start}); "
+                              "save it as CSV in UTF-8")
+        return table
     train_names = {n for _, _, names, split in table.rows if split in (None, "train") for n in names}
     for line, image, names, split in table.rows:
         unknown = [n for n in names if n not in train_names and not table.value_columns]

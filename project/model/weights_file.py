@@ -31,8 +31,10 @@ def read_state_dict(path: Path) -> dict:
             state = load_safetensors(str(path), device="cpu")
         else:
             state = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
-        raise WeightsError(f"model.weights file '{path}' is not a readable state dict: {err}") from err
+    except (OSError, RuntimeError, ValueError, EOFError, KeyError, IndexError, pickle.UnpicklingError,
+            zipfile.BadZipFile) as err:  # a text file unpickles as a KeyError deep in torch
+        raise WeightsError(f"model.weights file '{path}' is not a readable state dict "
+                           f"({type(err).__name__}): give a .pth/.pt/.safetensors file of tensors") from err
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]  # a Lightning checkpoint (this template's: keys net.*)
     if not isinstance(state, dict):

@@ -50,7 +50,11 @@ def ort_session(path: str | Path, threads: int | None = None) -> ort.InferenceSe
     options = ort.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    try:
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as err:  # ONNX Runtime's own types (InvalidProtobuf, NoSuchFile, Fail)
+        raise ValueError(f"'{path}' is not an ONNX model ONNX Runtime can load ({type(err).__name__}); "
+                         "export one with `python -m project export`") from None
 
 
 class OnnxClassifier:

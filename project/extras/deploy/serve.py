@@ -295,7 +295,10 @@ def main(argv: list[str]) -> int:
         ckpt = resolve_checkpoint(a.ckpt_path)
     else:
         ckpt = None
-    info = model_info(ckpt, onnx)  # fails in one line before the server starts
+    try:
+        info = model_info(ckpt, onnx)  # fails in one line before the server starts
+    except ValueError as err:  # not an ONNX model, or its metadata is not this project's
+        raise ProjectError(str(err)) from None
     answers.answers(info["classes"], info["answers"]).policy(a.min_confidence)  # so does a bad policy
     api = make_api(a, ckpt, onnx)
     accelerator = "cpu" if onnx is not None else a.accelerator
