@@ -96,6 +96,19 @@ def test_unknown_key_fails_before_any_trial(tiny_data, tmp_path, capsys):
     assert not (tmp_path / "logs").exists()  # no database, no run folder
 
 
+@pytest.mark.parametrize("storage", ["/proc/nope/study.log", "sqlite:////proc/nope/study.db",
+                                     "{tmp}/notes.txt/study.log"])
+def test_a_storage_whose_folder_cannot_be_made_fails_before_any_trial(storage, tiny_data, tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("a file where the storage's folder should be")
+    storage = storage.format(tmp=tmp_path)
+    assert cli(["sweep", "--sweep", str(_space(tmp_path)), "--n_trials", "2", "--storage", storage,
+                *fit_args(tiny_data)], tmp_path) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --storage ") and "pass a file in a folder you can write" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "logs").exists() and not list(tmp_path.rglob("*.claim"))  # no run, no lock
+
+
 def test_a_trial_run_reports_to_its_study_through_the_public_storage_api(tmp_path, monkeypatch):
     from project.extras.sweep import pruning
     from project.extras.sweep.study import open_storage, open_study

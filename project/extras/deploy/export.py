@@ -2,9 +2,11 @@
 
     python -m project export [--ckpt_path best|last|PATH] [--formats onnx,int8,torchscript,pt2]
                              [--out DIR] [--data_dir DIR] [--calibration_images 256]
+                             [--check_images 256] [--timing_batches 1[,32]]
 
 Writes model.onnx, model.int8.onnx, model.torchscript.pt, model.pt2 and export_report.{json,md}
-(size, max |difference| to PyTorch, validation accuracy, latency at batch 1 and 32).
+(size, max |difference| to PyTorch, validation accuracy on at most --check_images images,
+latency at each of --timing_batches: batch 1 unless asked).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from torch.utils.data import DataLoader
 from project.checkpoints import datamodule_for, load_model
 from project.common.files import write_text
 from project.data.datasets import ImageDataset, collate_skipping_bad
-from project.errors import ProjectError
+from project.errors import ProjectError, require
 from project.extras.deploy import exporters
 from project.runs import LOG_ROOT, resolve_checkpoint
 
@@ -39,6 +41,40 @@ def default_out_dir(ckpt: Path) -> Path:
         return Path("exports") / run.resolve().relative_to(LOG_ROOT.resolve())
     except ValueError:
         return Path("exports") / ckpt.stem
+
+
+def check_dataset(dm, n: int) -> ImageDataset:
+    """At most ``n`` validation images, a seeded random choice (the same on every export, and
+    spread over the classes, not the first folders), through the evaluation transforms:
+    each format's accuracy is one pass over them, so a large validation set does not slow export."""
+    samples = dm.splits.val
+    if len(samples) > n:
+        keep = np.sort(np.random.default_rng(0).permutation(len(samples))[:n])
+        samples = [samples[i] for i in keep]
+    return ImageDataset(samples, dm.transform("val"), on_bad_image=dm.hparams.on_bad_image,
+                        short_side=dm.short_side("val"))
+
+
+def parse_batches(text: str) -> tuple[int, ...]:
+    """``--timing_batches 1,32`` as (1, 32); one line naming the option for anything else."""
+    try:
+        sizes = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        sizes = ()
+    require(bool(sizes) and min(sizes) >= 1, "--timing_batches",
+            "must be batch sizes >= 1, comma-separated, e.g. 1 or 1,32", text)
+    return tuple(sorted(set(sizes)))
+
+
+def check_counts(check_images: int, timing_batches: tuple[int, ...], repeats: int,
+                 calibration_images: int) -> None:
+    """The counts that a zero or negative value would turn into an empty loop and a traceback."""
+    require(check_images >= 1, "--check_images", "must be >= 1 (validation images per format)",
+            check_images)
+    require(bool(timing_batches) and min(timing_batches) >= 1, "--timing_batches",
+            "must be batch sizes >= 1, e.g. 1 or 1,32", ",".join(map(str, timing_batches)))
+    require(repeats >= 1, "--repeats", "must be >= 1 (timed runs per latency figure)", repeats)
+    require(calibration_images >= 1, "--calibration_images", "must be >= 1", calibration_images)
 
 
 def batches(dataset, batch_size: int = 32) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -71,12 +107,15 @@ def median_ms(run: Callable[[torch.Tensor], object], x: torch.Tensor, repeats: i
 def export_checkpoint(ckpt_path: Path, out: Path, formats: list[str], data_dir: str | None = None,
                       calibration_images: int = 256, calibration_method: str = "minmax",
                       tolerance: float = 1e-4, int8_max_drop: float = 0.05,
-                      repeats: int = 20) -> dict:
+                      repeats: int = 20, check_images: int = 256,
+                      timing_batches: tuple[int, ...] = (1, 32)) -> dict:
+    """Export ``formats`` and the report. The command times batch 1 only unless asked; this
+    function keeps batch 32 too by default, for the callers whose tables show it."""
+    check_counts(check_images, timing_batches, repeats, calibration_images)
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown:
         raise ProjectError(f"--formats: unknown {unknown}; choose from {', '.join(FORMATS)}")
     model = load_model(ckpt_path)  # fails with one line before anything is written
-    hp = model.hparams
     net = model.net.float().eval()
     try:
         dm = datamodule_for(ckpt_path, model, data_dir)
@@ -88,16 +127,16 @@ def export_checkpoint(ckpt_path: Path, out: Path, formats: list[str], data_dir: 
         dm = splits = None
     if "int8" in formats and "onnx" not in formats:
         formats = ["onnx", *formats]
-    size = hp.image_size
+    size = model.preprocessing.image_size
     # what the formats are compared on: the task's (accuracy, a multi-label model's mAP, ...)
     metric, task_fn = model.task.export_score()
-    val = dm.make_dataset("val") if splits is not None and splits.val else None
+    val = check_dataset(dm, check_images) if splits is not None and splits.val else None
 
     def val_batches():
         return batches(val) if val is not None else []
 
     threads = torch.get_num_threads()
-    inputs = {b: torch.randn(b, 3, size, size) for b in (1, 32)}
+    inputs = {b: torch.randn(b, 3, size, size) for b in timing_batches}
     rows: dict[str, dict] = {}
 
     def measure(name: str, run, file: Path | None, diff: float | None) -> None:
@@ -137,13 +176,18 @@ def export_checkpoint(ckpt_path: Path, out: Path, formats: list[str], data_dir: 
     finally:  # a failed export leaves no empty folder behind
         if created and out.is_dir() and not any(out.iterdir()):
             out.rmdir()
-    if val is not None and val.skipped_paths():
-        print(f"Notice: {len(val.skipped_paths())} validation images could not be decoded and are not in "
+    skipped = len(val.skipped_paths()) if val is not None else 0
+    if skipped:
+        print(f"Notice: {skipped} validation images could not be decoded and are not in "
               "the accuracies (python -m project check-data lists them)")
     report = {"checkpoint": str(ckpt_path), "threads": threads, "image_size": size,
               "class_names": model.class_names, "formats": rows, "metric": metric,
               # every format outputs raw logits; project/tasks/answers.py makes the answers
               "answers": model.answer_state(),
+              # how much each figure rests on: images scored per format, batch sizes timed
+              "checked_images": len(val) - skipped if val is not None else 0,
+              "val_images": len(splits.val) if splits is not None else 0,
+              "timing_batches": list(inputs),
               "latency": f"median of {repeats} runs after 3 warm-up runs, {threads} threads"}
     _write_report(out, report)
     return report
@@ -178,12 +222,17 @@ def _check_int8_accuracy(rows: dict, max_drop: float, path: Path, metric: str = 
 
 
 def _write_report(out: Path, report: dict) -> None:
+    sizes = report["timing_batches"]
+    checked = (f"{report['checked_images']} of {report['val_images']} validation images (seeded "
+               "choice; --check_images)" if report["val_images"] else "no validation images here")
     lines = [f"# Export report\n\nCheckpoint: `{report['checkpoint']}`  \n"
-             f"Latency: {report['latency']}.  \n"
+             f"Latency: {report['latency']}, at batch {', '.join(map(str, sizes))} (--timing_batches).  \n"
+             f"{report['metric'].replace('_', ' ').capitalize()}: on {checked}.  \n"
              f"Outputs are the network's raw outputs; the answers ({report['answers']['task']}) are made "
              "from them with the state in model.onnx's metadata (project/tasks/answers.py).\n",
              f"| format | file | size (MB) | max abs diff vs PyTorch | {report['metric'].replace('_', ' ')} "
-             "| latency b1 (ms) | latency b32 (ms) |", "|---|---|---|---|---|---|---|"]
+             + "".join(f"| latency b{b} (ms) " for b in sizes) + "|",
+             "|---|---|---|---|---|" + "---|" * len(sizes)]
 
     def cell(v, fmt):
         return "-" if v is None else format(v, fmt)
@@ -191,7 +240,7 @@ def _write_report(out: Path, report: dict) -> None:
     for name, r in report["formats"].items():
         lines.append(f"| {name} | {r['file'] or '-'} | {cell(r['size_mb'], '.2f')} | "
                      f"{cell(r['max_abs_diff'], '.2e')} | {cell(r[report['metric']], '.4f')} | "
-                     f"{r['latency_ms_b1']:.2f} | {r['latency_ms_b32']:.2f} |")
+                     + " | ".join(f"{r[f'latency_ms_b{b}']:.2f}" for b in sizes) + " |")
     for name, text in (("export_report.json", json.dumps(report, indent=2)),
                        ("export_report.md", "\n".join(lines) + "\n")):
         write_text(out / name, text)
@@ -209,11 +258,17 @@ def main(argv: list[str]) -> int:
     p.add_argument("--tolerance", type=float, default=1e-4, help="max |logit difference| allowed")
     p.add_argument("--int8_max_drop", type=float, default=0.05, help="largest INT8 accuracy loss")
     p.add_argument("--repeats", type=int, default=20, help="timed runs per latency figure")
+    p.add_argument("--check_images", type=int, default=256,
+                   help="validation images each format's accuracy is measured on (a seeded choice)")
+    p.add_argument("--timing_batches", default="1",
+                   help="batch sizes to time, comma-separated, e.g. 1,32 (default: 1)")
     a = p.parse_args(argv)
+    timing_batches = parse_batches(a.timing_batches)
+    check_counts(a.check_images, timing_batches, a.repeats, a.calibration_images)  # before any run is read
     ckpt = resolve_checkpoint(a.ckpt_path)
     out = Path(a.out) if a.out else default_out_dir(ckpt)
     formats = [f.strip() for f in a.formats.split(",") if f.strip()]
     export_checkpoint(ckpt, out, formats, a.data_dir, a.calibration_images, a.calibration_method,
-                      a.tolerance, a.int8_max_drop, a.repeats)
+                      a.tolerance, a.int8_max_drop, a.repeats, a.check_images, timing_batches)
     print(f"\nExported {', '.join(formats)} from {ckpt} to {out}/ (report: export_report.md)")
     return 0

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import base64
+import errno
 import hashlib
 import io
 import json
 import signal
+import socket
 import warnings
 from pathlib import Path
 
@@ -256,6 +258,30 @@ def add_page(app, html: str) -> None:
     app.add_api_route("/", lambda: HTMLResponse(html), methods=["GET"], include_in_schema=False)
 
 
+def check_port(host: str, port: int) -> None:
+    """Bind ``host:port`` as uvicorn will (SO_REUSEADDR, IPv6 for a host with ':') and let it go:
+    a taken port is then one line before the model loads, not uvicorn's log line and exit 3."""
+    if not 1 <= port <= 65535:
+        raise ProjectError(f"--port {port} is not a TCP port: pass one from 1 to 65535, e.g. --port 8000")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except socket.gaierror as err:
+            raise ProjectError(f"--host {host!r} is not a known host name ({err.strerror}): pass an "
+                               "address of this machine, e.g. --host 127.0.0.1 or --host 0.0.0.0") from None
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                raise ProjectError(f"--port {port} is taken on {host} (another server listens there): "
+                                   "stop it or pass another --port") from None
+            if err.errno == errno.EACCES:
+                raise ProjectError(f"--port {port} needs more rights on this machine: pass a port "
+                                   "from 1024 up, e.g. --port 8000") from None
+            raise ProjectError(f"cannot serve on --host {host} --port {port}: {err.strerror}: pass an "
+                               "address of this machine (e.g. --host 127.0.0.1) and a free port") from None
+
+
 def stop_on_sigterm(signum, frame) -> None:
     raise KeyboardInterrupt
 
@@ -286,6 +312,7 @@ def main(argv: list[str]) -> int:
     warnings.filterwarnings("ignore", message="The LitServer has both batch and unbatch")
     if a.max_batch_size < 1 or a.batch_timeout < 0:
         raise ProjectError("--max_batch_size must be >= 1 and --batch_timeout >= 0")
+    check_port(a.host, a.port)  # before the model loads: seconds, and then the server would fail
     onnx = Path(a.onnx) if a.onnx else None
     if onnx is not None and not onnx.is_file():
         raise ProjectError(f"--onnx '{onnx}' does not exist")

@@ -26,6 +26,7 @@ from project.extras.sweep.space import Param, check_against_config, load_space
 from project.extras.sweep.study import (
     SWEEP_ROOT,
     check_same_settings,
+    check_storage_folder,
     load_study,
     open_storage,
     open_study,
@@ -89,6 +90,7 @@ def main(argv: list[str]) -> int:
     direction = DIRECTIONS[a.direction or (mode if a.metric in (None, metric) else "max")]
     a.metric = a.metric or metric
     url = storage_url(name, a.storage)
+    check_storage_folder(url)
     with claim_lock(url, name):  # workers started at once: one creates the tables and the study
         storage = open_storage(url)
         study = open_study(name, storage, direction, a.pruner, a.sampler_seed)

@@ -16,6 +16,7 @@ How workers claim trials and notice a dead one is in ``workers.py``.
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -134,6 +135,32 @@ def storage_file(url: str) -> Path | None:
     if url.startswith("sqlite:///"):
         return Path(url.removeprefix("sqlite:///"))
     return None
+
+
+def check_storage_folder(url: str) -> None:
+    """A journal or SQLite file's folder exists or is made now, and is writable; else one line
+    naming --storage, before any trial, run folder or lock file (the first claim would fail on
+    its lock file with a traceback). Folders made here are removed again if a deeper one fails."""
+    path = storage_file(url)
+    if path is None:
+        return
+    given = shown(url) if "://" in url else str(path)
+    example = "sqlite:///logs/sweeps/study.db" if "://" in url else "logs/sweeps/study.log"
+    fix = f"pass a file in a folder you can write, e.g. --storage {example}"
+    if path.is_dir():
+        raise ConfigError(f"--storage {given} is a folder, not a file: {fix}")
+    folder = path.parent
+    missing = [f for f in (folder, *folder.parents) if not f.exists()]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        for made in missing:  # deepest first
+            with contextlib.suppress(OSError):
+                made.rmdir()
+        raise ConfigError(f"--storage {given}: its folder {folder} cannot be made "
+                          f"({err.strerror}): {fix}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"--storage {given}: its folder {folder} is not writable: {fix}")
 
 
 def load_study(name: str, url: str) -> optuna.Study:
