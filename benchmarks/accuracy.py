@@ -123,7 +123,7 @@ def template_run(data: Path, size: int, epochs: int, seed: int, workdir: Path, *
 
     stack = [arg for name in presets for arg in ("--config", str(REPO / f"configs/presets/{name}.yaml"))]
     args = [sys.executable, *launcher, "fit", "--config", str(REPO / "configs/train.yaml"), *stack,
-            f"--data.data_dir={data}", f"--model.image_size={size}", "--model.weights=null",
+            f"--data.data_dir={data}", f"--model.input.size={size}", "--model.weights=null",
             f"--trainer.max_epochs={epochs}", f"--seed_everything={seed}",
             "--trainer.enable_progress_bar=false", *extra]
     workdir.mkdir(parents=True, exist_ok=True)

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| backbone | params (M) | training img/s (bf16) | ONNX Runtime img/s (fp32) |")
     print("|---|---|---|---|")
     for name in a.names:
-        model = ImageClassifier(num_classes=8, backbone=name, weights=None, image_size=a.size)
+        model = ImageClassifier(num_classes=8, backbone=name, weights=None, input=a.size)
         params = sum(p.numel() for p in model.parameters()) / 1e6
         print(f"| `{name}` | {params:.1f} | {train_rate(model, a.size):.0f} | "
               f"{onnx_rate(model, a.size):.0f} |", flush=True)

@@ -87,7 +87,7 @@ def template_rate(data: Path, size: int, batch: int, workers: int, steps: int, w
     torch.manual_seed(0)
     dm = FolderDataModule(data, batch_size=batch, num_workers=workers)
     model = ImageClassifier(weights=None, num_classes=dm.num_classes, class_names=dm.class_names,
-                            image_size=size)
+                            input=size)
     dm.preprocessing = model.preprocessing
     timer = _StepTimer()  # last: the EMA update of a step is inside its time
     callbacks = [*([EMA()] if ema else []), *default_callbacks(), LearningRate(), Dashboards(), timer]
@@ -106,7 +106,7 @@ def plain_rate(data: Path, size: int, batch: int, workers: int, steps: int, warm
     """The physical limit of the same work: a bare PyTorch loop over the same loader."""
     torch.manual_seed(0)
     dm = datamodule(data, size, batch, workers, "auto")
-    model = ImageClassifier(weights=None, num_classes=dm.num_classes, image_size=size).net
+    model = ImageClassifier(weights=None, num_classes=dm.num_classes, input=size).net
     opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9, weight_decay=1e-4)
     model.train()
     ends, epoch = [], 0
@@ -160,7 +160,7 @@ def optimized_copies(data: Path, tmp: Path, chunk_sizes: tuple[str, ...]) -> tup
 def model_step_rate(num_classes: int, size: int, batch: int, steps: int) -> float:
     """Images/s of the template's network on random tensors: no data loading at all."""
     torch.manual_seed(0)
-    net = ImageClassifier(weights=None, num_classes=num_classes, image_size=size).net
+    net = ImageClassifier(weights=None, num_classes=num_classes, input=size).net
     return step_rate(net, num_classes, size, batch, steps, BF16)
 
 
@@ -182,7 +182,7 @@ def step_rate(net: torch.nn.Module, num_classes: int, size: int, batch: int, ste
 def ema_update_ms(num_classes: int, size: int, updates: int) -> float:
     """Milliseconds of one EMA update as the EMA callback runs it: Lightning's WeightAveraging
     calls ``AveragedModel.update_parameters`` with the template's multi-tensor EMA."""
-    net = ImageClassifier(weights=None, num_classes=num_classes, image_size=size)
+    net = ImageClassifier(weights=None, num_classes=num_classes, input=size)
     averaged = AveragedModel(net, multi_avg_fn=ema_update(0.999, warmup=True), use_buffers=True)
     averaged.update_parameters(net)  # the first update copies
     start = time.perf_counter()
@@ -197,7 +197,7 @@ def startup_seconds(data: Path, size: int) -> float:
         start = time.perf_counter()
         proc = subprocess.Popen(
             [sys.executable, "-m", "project", "fit", "--config", str(REPO / "configs/train.yaml"),
-             f"--data.data_dir={data}", f"--model.image_size={size}", "--model.weights=null",
+             f"--data.data_dir={data}", f"--model.input.size={size}", "--model.weights=null",
              "--trainer.max_steps=1", "--trainer.enable_progress_bar=false"],
             cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -279,7 +279,7 @@ def run(a: argparse.Namespace, tmp: Path) -> int:
     print(pipeline_table(data, tmp, size, batch, steps, loader_batches, (0,) if a.quick else (0, 1, 2)))
 
     print("\n## Precision on this CPU (model step alone, 5 steps each)\n")
-    precision = {bf16: step_rate(ImageClassifier(weights=None, num_classes=10, image_size=size).net, 10,
+    precision = {bf16: step_rate(ImageClassifier(weights=None, num_classes=10, input=size).net, 10,
                                  size, batch, 2 if a.quick else 5, bf16) for bf16 in (False, True)}
     print(table(["precision", "images/s", "ratio to float32"],
                 [["float32", precision[False], 1.0], ["bf16 autocast", precision[True],
@@ -321,7 +321,7 @@ def inference_table(ckpt: str | None, data: Path, tmp: Path, quick: bool) -> str
 def _quick_checkpoint(data: Path, tmp: Path) -> Path:
     dm = FolderDataModule(data, batch_size=8, num_workers=0)
     model = ImageClassifier(weights=None, num_classes=dm.num_classes, class_names=dm.class_names,
-                            image_size=32)
+                            input=32)
     dm.preprocessing = model.preprocessing
     trainer = L.Trainer(max_epochs=1, default_root_dir=tmp, logger=False, enable_progress_bar=False,
                         enable_model_summary=False, callbacks=default_callbacks())

@@ -31,7 +31,7 @@ def rate(data: str, size: int, batch: int, steps: int, warmup: int, mode: tuple)
     torch.manual_seed(0)
     dm = FolderDataModule(data, batch_size=batch, num_workers=8)
     model = ImageClassifier(weights=None, num_classes=dm.num_classes, class_names=dm.class_names,
-                            image_size=size, channels_last=channels_last, compile=compile_)
+                            input=size, channels_last=channels_last, compile=compile_)
     dm.preprocessing = model.preprocessing
     timer = _StepTimer(warmup)
     trainer = L.Trainer(accelerator="gpu", devices=1, strategy=strategy, precision=precision,

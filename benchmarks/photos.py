@@ -143,7 +143,7 @@ def fit_wait(data: Path, workdir: Path, cache: str, epochs: int, batch: int = BA
 
     workdir.mkdir(parents=True)
     args = [sys.executable, "-m", "project", "fit", "--config", str(REPO / "configs/train.yaml"),
-            f"--data.data_dir={data}", f"--model.image_size={IMAGE_SIZE}", f"--data.batch_size={batch}",
+            f"--data.data_dir={data}", f"--model.input.size={IMAGE_SIZE}", f"--data.batch_size={batch}",
             f"--data.cache={cache}", "--model.weights=null", f"--trainer.max_epochs={epochs}",
             "--trainer.enable_progress_bar=false", "--trainer.log_every_n_steps=1",
             "--trainer.callbacks+=project.extras.diagnose.monitors.DataWaitMonitor"]

@@ -39,7 +39,7 @@ def checkpoint(data: Path, size: int, workdir: Path, backbone: str = "resnet18")
     os.chdir(workdir)
     try:
         assert main(["fit", "--config", str(REPO / "configs/train.yaml"), f"--data.data_dir={data}",
-                     f"--model.backbone={backbone}", "--model.weights=null", f"--model.image_size={size}",
+                     f"--model.backbone={backbone}", "--model.weights=null", f"--model.input.size={size}",
                      "--trainer.max_steps=2", "--trainer.limit_val_batches=1",
                      "--trainer.enable_progress_bar=false", "--data.batch_size=8"]) == 0
     finally:

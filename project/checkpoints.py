@@ -51,6 +51,9 @@ def load_model(path: str | Path):
     if "head_hidden" in hparams or isinstance(hparams.get("head"), str):  # before model.head was a group
         hparams["head"] = {"kind": hparams.get("head", "linear"), "hidden": hparams.pop("head_hidden", 512),
                            "dropout": hparams.pop("head_dropout", 0.0)}
+    if "image_size" in hparams:  # before model.input was a group
+        old = ("crop_ratio", "interpolation", "mean", "std")
+        hparams["input"] = {"size": hparams.pop("image_size"), **{k: hparams.pop(k, None) for k in old}}
     if "multilabel_loss" in hparams:  # written before model.loss was the task's
         old = hparams.pop("multilabel_loss")
         hparams.setdefault("loss", old if hparams.get("task") == MULTI_LABEL else None)

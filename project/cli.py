@@ -19,7 +19,7 @@ from project.errors import ProjectError
 from project.model import ImageClassifier
 from project.model.backbones import resolve_preprocessing
 
-PREPROCESSING_KEYS = ("backbone", "weights", "image_size", "crop_ratio", "interpolation", "mean", "std")
+PREPROCESSING_KEYS = ("backbone", "weights", "input")
 
 log = logging.getLogger("project")
 # command -> "module:function"; each module is imported only when its command runs
@@ -124,12 +124,13 @@ class ProjectCLI(LightningCLI):
         follow_task(self.model, self.trainer)
 
 
-def linked_preprocessing(*settings):
+def linked_preprocessing(backbone: str, weights: str | None, given):
     """The data's preprocessing from the model's settings; None where a setting is wrong, so the
     model names it in one line when it is built."""
     try:
-        return resolve_preprocessing(*settings)
-    except ProjectError:
+        given = given.as_dict() if isinstance(given, Namespace) else given
+        return resolve_preprocessing(backbone, weights, given)
+    except (ProjectError, TypeError):
         return None
 
 

@@ -111,7 +111,7 @@ QUICK = ("--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1")
 
 def fit_args(data: Path, *extra: str, epochs: int = 2) -> list[str]:
     """A real but tiny run of the default config: small images, no pretrained download."""
-    return ["--config", str(TRAIN_CONFIG), f"--data.data_dir={data}", "--model.image_size=32",
+    return ["--config", str(TRAIN_CONFIG), f"--data.data_dir={data}", "--model.input.size=32",
             "--data.batch_size=8", "--data.num_workers=0", "--model.weights=null",
             f"--trainer.max_epochs={epochs}", "--trainer.enable_progress_bar=false",
             "--trainer.enable_model_summary=false", "--trainer.log_every_n_steps=1", *extra]

@@ -38,7 +38,7 @@ def _trainer(tmp_path, callbacks=(), **kwargs) -> L.Trainer:
 
 
 def _model(**kwargs) -> ImageClassifier:
-    return ImageClassifier(num_classes=5, class_names=CLASSES, weights=None, image_size=32, **kwargs)
+    return ImageClassifier(num_classes=5, class_names=CLASSES, weights=None, input=32, **kwargs)
 
 
 def _data(tiny_data, **kwargs) -> FolderDataModule:
@@ -97,7 +97,7 @@ class _PlainListModel(ImageClassifier):
 
 
 def test_layers_in_a_plain_list_are_named_before_training(tiny_data, tmp_path):
-    model = _PlainListModel(num_classes=5, class_names=CLASSES, weights=None, image_size=32)
+    model = _PlainListModel(num_classes=5, class_names=CLASSES, weights=None, input=32)
     with pytest.raises(TrainingHealthError) as err:
         _trainer(tmp_path).fit(model, _data(tiny_data))
     message = str(err.value)

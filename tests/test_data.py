@@ -115,11 +115,11 @@ def test_data_and_model_get_one_preprocessing_in_python_and_from_the_cli(tiny_da
     from tests.conftest import TRAIN_CONFIG, chdir
 
     model = ImageClassifier(num_classes=5, class_names=CLASSES, backbone="timm/test_resnet.r160_in1k",
-                            weights="DEFAULT", image_size=32)
+                            weights="DEFAULT", input=32)
     assert model.preprocessing.mean == (0.5, 0.5, 0.5) and model.preprocessing.crop_ratio == 0.95
     with chdir(tmp_path):
         built = ProjectCLI(args=["--config", str(TRAIN_CONFIG), f"--data.data_dir={tiny_data}",
-                                 "--model.backbone=timm/test_resnet.r160_in1k", "--model.image_size=32",
+                                 "--model.backbone=timm/test_resnet.r160_in1k", "--model.input.size=32",
                                  "--data.batch_size=4"], run=False)
     assert built.datamodule.preprocessing == built.model.preprocessing == model.preprocessing
     assert built.datamodule.trainer is None and built.model.per_device_batch == 4

@@ -166,7 +166,7 @@ def test_one_and_two_processes_with_the_same_global_batch_agree(tiny_data, tmp_p
                         ("two", [*DDP, "--data.batch_size=4"])):
         (tmp_path / name).mkdir()
         args = ["fit", *fit_args(tiny_data, *extra, "--trainer.precision=32-true",
-                                 "--model.backbone=timm/test_vit", "--model.image_size=64")]
+                                 "--model.backbone=timm/test_vit", "--model.input.size=64")]
         if name == "one":  # in this process; DDP's ranks in their own
             assert cli(args, tmp_path / name) == 0
         else:

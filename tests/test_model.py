@@ -16,6 +16,7 @@ from project.callbacks import default_callbacks
 from project.callbacks.ema import ema_update
 from project.callbacks.finetune import FreezeBackbone
 from project.checkpoints import load_model, read_checkpoint
+from project.common.preprocessing import Preprocessing
 from project.data import FolderDataModule
 from project.errors import CheckpointError
 from project.extras.deploy.export import export_checkpoint
@@ -64,7 +65,7 @@ def test_offline_the_run_warns_and_records_pretrained_false(monkeypatch, caplog,
     monkeypatch.setattr(torch.hub, "load_state_dict_from_url", offline)
     monkeypatch.setattr(torchvision.models._api, "load_state_dict_from_url", offline, raising=False)
     with caplog.at_level(logging.WARNING):
-        model = ImageClassifier(num_classes=5, weights="DEFAULT", image_size=32)
+        model = ImageClassifier(num_classes=5, weights="DEFAULT", input=32)
     assert not model.pretrained and model.head_lr_mult == 1.0
     assert "PRETRAINED WEIGHTS NOT AVAILABLE" in caplog.text
     assert "resnet18-f37072fd.pth" in caplog.text and "hub/checkpoints" in caplog.text
@@ -96,7 +97,7 @@ def test_a_file_or_a_template_checkpoint_works_as_weights(trained_run, tmp_path)
     ("vit_b_16", 224, "linear"), pytest.param("vit_b_16", 224, "mlp", marks=pytest.mark.slow)])
 def test_each_family_gets_a_new_head_of_the_kind_asked(name, size, head):
     model = ImageClassifier(num_classes=5, backbone=name, weights=None, head=backbones.Head(head, 32),
-                            image_size=size)
+                            input=size)
     layer = model.net.get_submodule(model.head_name)
     linears = [m for m in layer.modules() if isinstance(m, nn.Linear)]
     assert len(linears) == (1 if head == "linear" else 2) and linears[-1].out_features == 5
@@ -131,6 +132,14 @@ def test_an_mlp_head_trains_exports_and_reloads_from_its_checkpoint(tiny_data, t
     flat["hyper_parameters"].update(head="mlp", head_hidden=16, head_dropout=0.1)
     torch.save(flat, tmp_path / "flat.ckpt")
     assert load_model(tmp_path / "flat.ckpt").net.fc[0].out_features == 16
+    # ...and those from before model.input was a group (image_size, crop_ratio, mean ... flat)
+    stored = flat["hyper_parameters"]
+    stored.update(image_size=stored["input"]["size"], crop_ratio=0.5, interpolation="nearest",
+                  mean=[0.1, 0.2, 0.3], std=[0.3, 0.2, 0.1])
+    stored.pop("input")
+    torch.save(flat, tmp_path / "flat.ckpt")
+    expected = Preprocessing(32, 0.5, "nearest", (0.1, 0.2, 0.3), (0.3, 0.2, 0.1))
+    assert load_model(tmp_path / "flat.ckpt").preprocessing == expected
 
 
 def test_unknown_backbones_and_impossible_heads_list_the_fix():
@@ -143,7 +152,7 @@ def test_unknown_backbones_and_impossible_heads_list_the_fix():
 def test_the_loss_holds_label_smoothing_and_balanced_class_weights(tiny_data):
     dm = FolderDataModule(tiny_data, batch_size=8, num_workers=0)
     model = ImageClassifier(num_classes=5, weights=None, label_smoothing=0.2, class_weights="balanced",
-                            image_size=32, label_stats=dm.label_stats)  # as the CLI links them
+                            input=32, label_stats=dm.label_stats)  # as the CLI links them
     dm.preprocessing = model.preprocessing
     _trainer(max_epochs=1, limit_train_batches=1).fit(model, dm)
     assert model.class_weight.tolist() == pytest.approx([1.0] * 5)  # 8 images per class: balanced
@@ -176,7 +185,7 @@ class _Recorder(L.Callback):
 
 def test_a_frozen_backbone_keeps_its_weights_and_batchnorm_statistics(tiny_data):
     torch.manual_seed(0)
-    model = ImageClassifier(num_classes=5, weights=None, image_size=32, scheduler=None)
+    model = ImageClassifier(num_classes=5, weights=None, input=32, scheduler=None)
     before = {k: v.clone() for k, v in model.net.state_dict().items() if not k.startswith("fc.")}
     head_before = model.net.fc.weight.detach().clone()
     recorder = _Recorder()

@@ -22,7 +22,7 @@ from project.extras.deploy.infer import main as infer_main
 from project.extras.multilabel.task import fit_thresholds, scores
 from tests.conftest import QUICK, best_ckpt, cli, fit_args, one_error, only_run, scalars
 
-ML_ARGS = ("--model.crop_ratio=1.0",)  # 32-px mosaics at 32 px: predict and infer read the same pixels
+ML_ARGS = ("--model.input.crop_ratio=1.0",)  # 32-px mosaics at 32 px: predict and infer read the same pixels
 
 
 def _rows(path: Path) -> list[dict]:

@@ -80,7 +80,7 @@ def test_overfit_passes_on_a_healthy_model_and_names_the_causes_of_a_failure(tin
     assert cli(["overfit", *fit_args(tiny_data), "--model.lr=0", "--steps", "5"], tmp_path) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "the learning rate is 0.0" in out
-    model = ImageClassifier(num_classes=5, weights=None, image_size=32)
+    model = ImageClassifier(num_classes=5, weights=None, input=32)
     model.requires_grad_(False)
     trainer = L.Trainer(max_steps=5, overfit_batches=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, limit_val_batches=0)

@@ -18,7 +18,7 @@ from project.data.tables import discover_table
 from tests.conftest import QUICK, best_ckpt, cli, fit_args, one_error, only_run, scalars
 from tests.test_schedule import EVERY_EPOCH
 
-REG_ARGS = ("--model.crop_ratio=1.0",)  # 32 px at 32 px: predict and infer read the same pixels
+REG_ARGS = ("--model.input.crop_ratio=1.0",)  # 32 px at 32 px: predict and infer read the same pixels
 
 
 @pytest.fixture(scope="session")

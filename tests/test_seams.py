@@ -29,14 +29,14 @@ def test_every_task_has_answers_and_names_its_metric():
 
 def test_model_loss_picks_from_the_tasks_registry_and_a_misspelling_fails_in_one_line():
     logits, y = torch.randn(12, 5), torch.arange(12) % 5
-    plain = ImageClassifier(num_classes=5, weights=None, image_size=32)
-    focal = ImageClassifier(num_classes=5, weights=None, image_size=32, loss="focal")
+    plain = ImageClassifier(num_classes=5, weights=None, input=32)
+    focal = ImageClassifier(num_classes=5, weights=None, input=32, loss="focal")
     torch.testing.assert_close(plain.loss(logits, y), nn.functional.cross_entropy(logits, y))
     p = logits.softmax(-1)[torch.arange(12), y]
     torch.testing.assert_close(focal.loss(logits, y), (-(1 - p) ** 2 * p.log()).mean())
     with pytest.raises(ConfigError, match="model.loss 'focall' is not a loss of the multiclass task; "
                                           "choose from cross_entropy, focal"):
-        ImageClassifier(num_classes=5, weights=None, image_size=32, loss="focall")
+        ImageClassifier(num_classes=5, weights=None, input=32, loss="focall")
 
 
 def test_a_misspelt_loss_on_the_command_line_is_one_line_and_no_run(tiny_data, tmp_path, capsys):
@@ -47,7 +47,7 @@ def test_a_misspelt_loss_on_the_command_line_is_one_line_and_no_run(tiny_data, t
 
 def test_an_own_backbone_trains_with_its_head_replaced(tiny_data, tmp_path):
     own = "tests.own_backbone:tiny_net"
-    model = ImageClassifier(num_classes=5, backbone=own, weights=None, image_size=32)
+    model = ImageClassifier(num_classes=5, backbone=own, weights=None, input=32)
     assert model.head_name == "5" and model.net[5].out_features == 5
     groups = model.param_groups()
     assert any(g["name"].startswith("head") for g in groups)
@@ -64,13 +64,13 @@ def test_an_own_backbone_trains_with_its_head_replaced(tiny_data, tmp_path):
 ])
 def test_a_wrong_own_backbone_is_one_line(spec, message):
     with pytest.raises(backbones.WeightsError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        ImageClassifier(num_classes=5, backbone=spec, weights=None, image_size=32)
+        ImageClassifier(num_classes=5, backbone=spec, weights=None, input=32)
 
 
 def test_a_backbone_whose_head_was_not_replaced_fails_at_build_not_in_a_metric(monkeypatch):
     monkeypatch.setattr(backbones, "replace_head", lambda *args, **kwargs: None)  # the slip
     with pytest.raises(backbones.WeightsError, match=r"answers \(1, 1000\) per image, not \(1, 5\)"):
-        ImageClassifier(num_classes=5, backbone="resnet18", weights=None, image_size=32)
+        ImageClassifier(num_classes=5, backbone="resnet18", weights=None, input=32)
 
 
 def test_min_confidence_per_class_with_a_default():
@@ -161,7 +161,7 @@ def test_a_data_module_built_apart_with_other_preprocessing_stops_before_trainin
     from project.callbacks.guards import Guards, TrainingHealthError
     from project.data import FolderDataModule
 
-    model = ImageClassifier(num_classes=5, weights=None, image_size=32)
+    model = ImageClassifier(num_classes=5, weights=None, input=32)
     trainer = L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, callbacks=[Guards()])
     with pytest.raises(TrainingHealthError, match=r"prepares 224 px .* preprocessing=model.preprocessing"):
@@ -187,4 +187,4 @@ def test_the_answer_policy_travels_in_the_checkpoint_and_the_onnx_file(trained_r
     onnx_model = OnnxClassifier(tmp_path / "export" / "model.onnx")
     assert all(r["unsure"] for r in classify(onnx_model, paths))
     with pytest.raises(ConfigError, match="model.min_confidence: .*'cow' is not a class"):
-        ImageClassifier(num_classes=5, weights=None, image_size=32, min_confidence="cow=0.5")
+        ImageClassifier(num_classes=5, weights=None, input=32, min_confidence="cow=0.5")

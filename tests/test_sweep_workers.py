@@ -66,7 +66,7 @@ def _worker_args(data: Path, storage: str, n_trials: int) -> list[str]:
     """``make sweep-worker`` on tiny data: the debug preset, cut to 1 epoch of 5 batches per trial."""
     return [sys.executable, "-m", "project", "sweep", "--config", str(TRAIN_CONFIG),
             "--config", str(REPO / "configs/presets/debug.yaml"), f"--data.data_dir={data}",
-            "--model.image_size=32", "--model.weights=null", "--data.batch_size=8",
+            "--model.input.size=32", "--model.weights=null", "--data.batch_size=8",
             "--trainer.max_epochs=1", "--trainer.enable_progress_bar=false",
             "--sweep", str(REPO / "configs/sweep.yaml"),
             "--study", "shared", "--n_trials", str(n_trials), "--storage", storage, "--heartbeat", "2"]

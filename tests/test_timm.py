@@ -13,6 +13,7 @@ from torch import nn
 timm = pytest.importorskip("timm")
 from safetensors.torch import save_file  # noqa: E402  (timm installs it)
 
+from project.common.preprocessing import Input  # noqa: E402
 from project.extras import timm_hub, zoo  # noqa: E402
 from project.extras.deploy.exporters import export_onnx  # noqa: E402
 from project.model import ImageClassifier, backbones  # noqa: E402
@@ -47,7 +48,7 @@ def place_in_cache(home: Path, repo: str, state: dict, revision: str = "0123abcd
 @pytest.mark.parametrize("kind", ["linear", "mlp"])
 def test_each_family_trains_one_step_with_a_new_head(name, size, kind):
     torch.manual_seed(0)
-    model = ImageClassifier(num_classes=3, backbone=name, weights=None, image_size=size,
+    model = ImageClassifier(num_classes=3, backbone=name, weights=None, input=size,
                             head=backbones.Head(kind, 8))
     head = model.net.get_submodule(model.head_name)
     linears = [m for m in head.modules() if isinstance(m, nn.Linear)]
@@ -75,7 +76,7 @@ def test_pretrained_weights_come_from_the_hugging_face_cache(hf_home, arch, repo
     torch.manual_seed(0)
     reference = timm.create_model(arch)  # the published layout: 1000 ImageNet classes
     place_in_cache(hf_home, repo, reference.state_dict())
-    model = ImageClassifier(num_classes=3, backbone=f"timm/{arch}", weights="DEFAULT", image_size=size)
+    model = ImageClassifier(num_classes=3, backbone=f"timm/{arch}", weights="DEFAULT", input=size)
     assert model.pretrained and "from the cache" in model.weights_note
     own = model.net.state_dict()
     for key, tensor in reference.state_dict().items():
@@ -112,7 +113,7 @@ def test_offline_without_a_cache_warns_loudly_and_records_pretrained_false(offli
     monkeypatch.setattr(timm_hub, "_pretrained", no_download)
     with caplog.at_level(logging.WARNING):
         model = ImageClassifier(num_classes=3, backbone="timm/convnext_atto", weights="DEFAULT",
-                                image_size=32)
+                                input=32)
     assert not model.pretrained and "NO pretrained weights" in model.weights_note
     assert "PRETRAINED WEIGHTS NOT AVAILABLE" in caplog.text
     folder = hf_home / "hub" / "models--timm--convnext_atto.d2_in1k" / "snapshots"
@@ -123,14 +124,14 @@ def test_weights_file_of_a_timm_model_or_a_template_checkpoint(tmp_path):
     source = timm.create_model("convnext_atto", num_classes=7)
     torch.save({"state_dict": {f"net.{k}": v for k, v in source.state_dict().items()}}, tmp_path / "run.ckpt")
     model = ImageClassifier(num_classes=3, backbone="timm/convnext_atto", weights=str(tmp_path / "run.ckpt"),
-                            image_size=32)
+                            input=32)
     assert model.pretrained and "dropped the file's head head.fc.bias, head.fc.weight" in model.weights_note
     last = source.stages[3].blocks[1].conv_dw.weight
     assert torch.equal(model.net.stages[3].blocks[1].conv_dw.weight, last)
     save_file(timm.create_model("resnet10t").state_dict(), str(tmp_path / "resnet.safetensors"))
     with pytest.raises(backbones.WeightsError, match=r"does not fit timm/convnext_atto: \d+ of its layers"):
         ImageClassifier(num_classes=3, backbone="timm/convnext_atto",
-                        weights=str(tmp_path / "resnet.safetensors"), image_size=32)
+                        weights=str(tmp_path / "resnet.safetensors"), input=32)
 
 
 def test_preprocessing_comes_from_the_pretrained_cfg():
@@ -140,10 +141,11 @@ def test_preprocessing_comes_from_the_pretrained_cfg():
     assert vit.crop_ratio == pytest.approx(0.9) and vit.mean == vit.std == (0.5, 0.5, 0.5)
     assert backbones.resolve_preprocessing("timm/convnext_atto", "d2_in1k", 224).crop_ratio == 0.875
     assert backbones.resolve_preprocessing("timm/convnext_atto", None, 224).interpolation == "bilinear"
-    assert backbones.resolve_preprocessing("timm/convnext_atto", None, 224, mean=[0.1, 0.2, 0.3]).mean == (
-        0.1, 0.2, 0.3)  # a setting given wins
-    model = ImageClassifier(num_classes=3, backbone="timm/resnet18.a1_in1k", weights="DEFAULT", image_size=32)
-    assert model.hparams.crop_ratio == pytest.approx(0.95) and model.hparams.interpolation == "bicubic"
+    given = Input(224, mean=[0.1, 0.2, 0.3])
+    assert backbones.resolve_preprocessing("timm/convnext_atto", None, given).mean == (0.1, 0.2, 0.3)
+    model = ImageClassifier(num_classes=3, backbone="timm/resnet18.a1_in1k", weights="DEFAULT", input=32)
+    assert model.hparams.input["crop_ratio"] == pytest.approx(0.95)
+    assert model.hparams.input["interpolation"] == "bicubic"
 
 
 def test_unknown_names_and_tags_fail_with_the_close_ones():
@@ -169,5 +171,5 @@ def test_models_lists_both_zoos(capsys):
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "size"), [("timm/convnext_atto", 64), ("timm/vit_tiny_patch16_224", 224)])
 def test_onnx_export_matches_pytorch(name, size, tmp_path):
-    model = ImageClassifier(num_classes=3, backbone=name, weights=None, image_size=size).eval()
+    model = ImageClassifier(num_classes=3, backbone=name, weights=None, input=size).eval()
     assert export_onnx(model, model.net.float().eval(), tmp_path / "model.onnx") <= 1e-4

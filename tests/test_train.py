@@ -100,10 +100,12 @@ def test_resume_continues_the_run_and_its_loggers_in_the_same_folder(tiny_data, 
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--data.data_dir=MISSING"], "error: data.data_dir 'MISSING' does not exist"),
-    (["--model.image_size=0"], "error: model.image_size must be an integer >= 1, got 0"),
+    (["--model.input.size=0"], "error: model.input.size must be an integer >= 1, got 0"),
     (["--data.augmentation.hflip=2"], "error: data.augmentation.hflip must be in [0, 1], got 2.0"),
     (["--model.head.kind=mlp", "--model.head.dropout=1.5"], "error: model.head: kind must be linear or mlp"),
     (["--model.head_dropout=0.1"], "error: model.head_dropout is now model.head.dropout: rename it"),
+    (["--model.mean=[0.5,0.5,0.5]"], "error: model.mean is now model.input.mean: rename it (model.input"),
+    (["--model.input.crop_ratio=1.5"], "error: model.input.crop_ratio must be in (0, 1]"),
 ])
 def test_bad_settings_fail_in_one_line_before_any_work(tiny_data, tmp_path, capsys, args, message):
     assert cli(["fit", *fit_args(tiny_data), *args], tmp_path) == 2

@@ -119,7 +119,7 @@ class LogsInValidationStep(ImageClassifier):
 
 
 def test_a_name_logged_from_a_step_and_an_epoch_hook_fails_per_batch_names_pass():
-    model = LogsInValidationStep(num_classes=5, weights=None, image_size=32)
+    model = LogsInValidationStep(num_classes=5, weights=None, input=32)
     images = TensorDataset(torch.randn(4, 3, 32, 32), torch.arange(4) % 5)
     loaders = [DataLoader(images, batch_size=2), DataLoader(images, batch_size=2)]
     trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,

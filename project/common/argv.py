@@ -7,7 +7,9 @@ from project.errors import ConfigError
 
 # settings that moved, old -> new: a config or command line with an old one fails in one line
 RENAMED = {"model.head_hidden": "model.head.hidden", "model.head_dropout": "model.head.dropout",
-           "model.multilabel_loss": "model.loss"}
+           "model.multilabel_loss": "model.loss", "model.image_size": "model.input.size",
+           **{f"model.{k}": f"model.input.{k}" for k in ("crop_ratio", "interpolation", "mean", "std")}}
+GROUPS = {"head": "{kind: mlp, hidden: 512, dropout: 0.1}", "input": "{size: 224, mean: [0.5, 0.5, 0.5]}"}
 
 
 def pop_option(argv: list[str], name: str) -> tuple[list[str], str | None]:
@@ -30,5 +32,6 @@ def check_renamed(argv: list[str]) -> None:
         if isinstance(text, dict):
             keys |= {f"{section}.{k}" for section, v in text.items() if isinstance(v, dict) for k in v}
     for old in sorted(keys & set(RENAMED)):
-        group = " (model.head is a group: {kind: mlp, hidden: 512, dropout: 0.1})" if "head" in old else ""
-        raise ConfigError(f"{old} is now {RENAMED[old]}: rename it{group}")
+        group = RENAMED[old].split(".")[1]
+        example = f" (model.{group} is a group: {GROUPS[group]})" if group in GROUPS else ""
+        raise ConfigError(f"{old} is now {RENAMED[old]}: rename it{example}")

@@ -2,12 +2,36 @@
 torch-free infer.py. ``backbones.resolve_preprocessing`` decides the values; the rest read them."""
 
 from dataclasses import dataclass
+from typing import Literal
 
-from project.errors import require
+from project.errors import ConfigError, require
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
+
+
+@dataclass(frozen=True)
+class Input:
+    """The input settings (``model.input``); null: the weights' own, else ImageNet's (resolved once
+    into a :class:`Preprocessing` by ``backbones.resolve_preprocessing``)."""
+
+    size: int = 224
+    crop_ratio: float | None = None
+    interpolation: Literal["bilinear", "bicubic", "nearest"] | None = None
+    mean: list[float] | None = None
+    std: list[float] | None = None
+
+    @classmethod
+    def of(cls, value: "Input | dict | int") -> "Input":
+        """From the config (a group), a checkpoint (a dict) or Python (``input=32``: the size)."""
+        if isinstance(value, dict):
+            unknown = set(value) - set(cls.__dataclass_fields__)
+            if unknown:
+                raise ConfigError(f"model.input has no {', '.join(sorted(unknown))}: its keys are "
+                                  f"{', '.join(cls.__dataclass_fields__)}")
+            return cls(**value)
+        return cls(value) if isinstance(value, int) else value
 
 
 @dataclass(frozen=True)
@@ -22,12 +46,12 @@ class Preprocessing:
     std: tuple[float, ...] = IMAGENET_STD
 
     def __post_init__(self) -> None:
-        require(isinstance(self.image_size, int) and self.image_size >= 1, "model.image_size",
+        require(isinstance(self.image_size, int) and self.image_size >= 1, "model.input.size",
                 "must be an integer >= 1", self.image_size)
-        require(0 < self.crop_ratio <= 1, "model.crop_ratio", "must be in (0, 1]", self.crop_ratio)
-        require(self.interpolation in INTERPOLATIONS, "model.interpolation",
+        require(0 < self.crop_ratio <= 1, "model.input.crop_ratio", "must be in (0, 1]", self.crop_ratio)
+        require(self.interpolation in INTERPOLATIONS, "model.input.interpolation",
                 f"must be one of {', '.join(INTERPOLATIONS)}", self.interpolation)
-        require(len(self.mean) == 3 and len(self.std) == 3 and min(self.std) > 0, "model.mean/std",
+        require(len(self.mean) == 3 and len(self.std) == 3 and min(self.std) > 0, "model.input.mean/std",
                 "need three values each, std above 0", (self.mean, self.std))
 
     @property

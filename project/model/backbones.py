@@ -14,7 +14,7 @@ import torch
 import torchvision
 from torch import nn
 
-from project.common.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Preprocessing
+from project.common.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Input, Preprocessing
 from project.model.sources import (  # noqa: F401 (also read from here)
     TIMM_PREFIX,
     Backbone,
@@ -98,7 +98,7 @@ def check_outputs(backbone: Backbone, name: str, num_classes: int, image_size: i
         with torch.no_grad():
             out = net(torch.zeros(1, 3, size, size))
     except (RuntimeError, AssertionError, ValueError) as err:
-        raise WeightsError(f"model.backbone {name} cannot take {size} px images (model.image_size): "
+        raise WeightsError(f"model.backbone {name} cannot take {size} px images (model.input.size): "
                            f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
     finally:
         net.train(was_training)
@@ -166,11 +166,10 @@ def replace_head(net: nn.Module, name: str, num_classes: int, head: Head) -> Non
         net.num_classes = num_classes
 
 
-def resolve_preprocessing(backbone: str, weights: str | None, image_size: int,
-                          crop_ratio: float | None = None, interpolation: str | None = None,
-                          mean: list[float] | None = None, std: list[float] | None = None) -> Preprocessing:
+def resolve_preprocessing(backbone: str, weights: str | None, given: Input | dict | int) -> Preprocessing:
     """The one resolver of a model's input (as timm's ``resolve_data_config``): a value given wins,
     else the weights' own (torchvision's ``transforms()``, timm's ``pretrained_cfg``), else ImageNet's."""
+    given = Input.of(given)
     base = {"crop_ratio": 0.875, "interpolation": "bilinear", "mean": IMAGENET_MEAN, "std": IMAGENET_STD}
     if ":" in backbone:  # an own network: the given values, else ImageNet's
         pass
@@ -185,7 +184,6 @@ def resolve_preprocessing(backbone: str, weights: str | None, image_size: int,
                         mean=t.mean, std=t.std)
         except (KeyError, ValueError):
             pass  # an unknown name fails with its own message when the model is built
-    given = {"crop_ratio": crop_ratio, "interpolation": interpolation, "mean": mean, "std": std}
-    values = {k: base[k] if v is None else v for k, v in given.items()}
-    return Preprocessing(image_size, float(values["crop_ratio"]), str(values["interpolation"]),
+    values = {k: base[k] if getattr(given, k) is None else getattr(given, k) for k in base}
+    return Preprocessing(given.size, float(values["crop_ratio"]), str(values["interpolation"]),
                          tuple(float(m) for m in values["mean"]), tuple(float(s) for s in values["std"]))

@@ -13,6 +13,7 @@ from torch import nn
 from torchvision.transforms import v2
 
 from project import tasks
+from project.common.preprocessing import Input
 from project.errors import ConfigError, require
 from project.model import backbones, schedule
 from project.model.param_groups import make_param_groups
@@ -24,8 +25,8 @@ DEFAULT_OPTIMIZER = functools.partial(torch.optim.SGD, lr=0.01, momentum=0.9, we
 
 class ImageClassifier(L.LightningModule):
     """Transfer learning for image classification (configs/train.yaml explains each setting).
-    Classes come from the data (the CLI links them). The input settings (``image_size`` ...
-    ``std``; null: the weights' own) are what the data module, export and predict read. ``lr`` is
+    Classes come from the data (the CLI links them). The input settings (``input``: a size, or a
+    group; null values: the weights' own) are what the data module, export and predict read. ``lr`` is
     the backbone's for ``base_batch_size`` images, scaled by ``lr_scaling``; the head's x ``head_lr_mult``."""
 
     def __init__(
@@ -38,11 +39,7 @@ class ImageClassifier(L.LightningModule):
         backbone: str = "resnet18",
         weights: str | None = "DEFAULT",
         head: backbones.Head = backbones.Head(),
-        image_size: int = 224,
-        crop_ratio: float | None = None,
-        interpolation: Literal["bilinear", "bicubic", "nearest"] | None = None,
-        mean: list[float] | None = None,
-        std: list[float] | None = None,
+        input: Input = Input(),
         optimizer: OptimizerCallable | None = None,
         scheduler: LRSchedulerCallable | None = schedule.WarmupCosine,
         lr: float = 0.01,
@@ -73,11 +70,10 @@ class ImageClassifier(L.LightningModule):
         if class_names is not None and len(class_names) != num_classes:
             raise ConfigError(f"{len(class_names)} class_names for num_classes={num_classes}")
         self.save_hyperparameters(logger=False)  # the run summary logs them, with the data's
-        self.preprocessing = backbones.resolve_preprocessing(backbone, weights, image_size, crop_ratio,
-                                                             interpolation, mean, std)
-        pre = self.preprocessing  # stored resolved: a checkpoint rebuilds without the weights
-        self.hparams.update(crop_ratio=pre.crop_ratio, interpolation=pre.interpolation,
-                            mean=list(pre.mean), std=list(pre.std), head=asdict(head))
+        pre = self.preprocessing = backbones.resolve_preprocessing(backbone, weights, input)
+        self.hparams.update(head=asdict(head), input={  # resolved: a checkpoint rebuilds without the weights
+            "size": pre.image_size, "crop_ratio": pre.crop_ratio, "interpolation": pre.interpolation,
+            "mean": list(pre.mean), "std": list(pre.std)})
         for key, value in (("optimizer", optimizer), ("scheduler", scheduler)):
             if value is not None and not isinstance(self.hparams[key], dict):  # built in Python:
                 self.hparams[key] = {"class_path": getattr(value, "__qualname__", str(value))}  # no code
@@ -85,7 +81,7 @@ class ImageClassifier(L.LightningModule):
         self.optimizer_factory = _Shared(optimizer or DEFAULT_OPTIMIZER)
         self.scheduler_factory = _Shared(scheduler) if scheduler is not None else None
         self.class_names = list(class_names or [str(i) for i in range(num_classes)])
-        built = backbones.build(backbone, weights, num_classes, head, image_size)
+        built = backbones.build(backbone, weights, num_classes, head, pre.image_size)
         self.net, self.head_name = built.net, built.head_name
         self.pretrained, self.weights_note = built.pretrained, built.weights_note
         self.lr = lr  # the LR finder reads and writes this attribute

@@ -70,7 +70,7 @@ def export_onnx(model, net: nn.Module, path: Path, tolerance: float = 1e-4) -> f
     """Dynamo export with a dynamic batch, one self-contained file, checked in ONNX Runtime."""
     import onnx
 
-    size = model.hparams.image_size
+    size = model.preprocessing.image_size
     example = torch.randn(2, 3, size, size)
     batch = torch.export.Dim("batch", min=1, max=4096)
     with atomic_path(path) as tmp, warnings.catch_warnings():
