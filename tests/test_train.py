@@ -106,6 +106,9 @@ def test_resume_continues_the_run_and_its_loggers_in_the_same_folder(tiny_data, 
     (["--model.head_dropout=0.1"], "error: model.head_dropout is now model.head.dropout: rename it"),
     (["--model.mean=[0.5,0.5,0.5]"], "error: model.mean is now model.input.mean: rename it (model.input"),
     (["--model.input.crop_ratio=1.5"], "error: model.input.crop_ratio must be in (0, 1]"),
+    (["--model.backbone=vit_b_16", "--model.weights=null"],  # a fixed-size model at 32 px
+     "error: model.backbone vit_b_16 cannot take 32 px images (model.input.size): it needs 224 px: set "
+     "model.input.size=224"),
 ])
 def test_bad_settings_fail_in_one_line_before_any_work(tiny_data, tmp_path, capsys, args, message):
     assert cli(["fit", *fit_args(tiny_data), *args], tmp_path) == 2
@@ -179,6 +182,7 @@ def test_the_command_line_trains_from_a_new_process(tiny_data, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert (only_run(tmp_path / "logs") / "checkpoints" / "last.ckpt").is_file()
     assert "Run finished after 1 epochs" in result.stdout
+    assert "Warning" not in result.stderr.replace("WARNING: pretrained", "")  # no parser or library noise
 
 
 def test_files_of_the_wrong_kind_are_one_line_and_leave_nothing(tiny_data, tmp_path, capsys):

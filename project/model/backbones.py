@@ -98,8 +98,11 @@ def check_outputs(backbone: Backbone, name: str, num_classes: int, image_size: i
         with torch.no_grad():
             out = net(torch.zeros(1, 3, size, size))
     except (RuntimeError, AssertionError, ValueError) as err:
+        needs = getattr(net, "image_size", None)  # torchvision's ViTs are built for one size
+        fix = f"it needs {needs} px: set model.input.size={needs}" if isinstance(needs, int) else (
+            str(err).splitlines()[0] if str(err) else type(err).__name__)
         raise WeightsError(f"model.backbone {name} cannot take {size} px images (model.input.size): "
-                           f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+                           f"{fix}") from None
     finally:
         net.train(was_training)
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (1, num_classes):
