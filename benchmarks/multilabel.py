@@ -33,7 +33,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from benchmarks import accuracy
-from benchmarks.accuracy import mean_sd, plain_train, plain_transforms
+from benchmarks.accuracy import mean_sd, plain_train, plain_transforms, rule, template_settings
 
 REPO = Path(__file__).resolve().parents[1]
 DIGITS = [str(d) for d in range(10)]
@@ -94,7 +94,7 @@ def mean_ap(probs: torch.Tensor, targets: torch.Tensor) -> float:
     return float(multilabel_average_precision(probs, targets.int(), len(DIGITS), average="macro"))
 
 
-def plain_loop(data: Path, size: int, epochs: int, seed: int, batch: int = 64) -> list[dict]:
+def plain_loop(data: Path, size: int, epochs: int, seed: int) -> list[dict]:
     """The plain loop of ``benchmarks/accuracy.py`` with BCE: (elapsed, mAP, exact match) per epoch."""
     train_tf, eval_tf = plain_transforms(size)
     train, val = Mosaics(data, "train", train_tf), Mosaics(data, "val", eval_tf)
@@ -104,7 +104,7 @@ def plain_loop(data: Path, size: int, epochs: int, seed: int, batch: int = 64) -
         return {"map": mean_ap(p, t), "exact": float(((p >= 0.5).float() == t).all(1).float().mean())}
 
     history = plain_train(train, val, len(DIGITS), epochs, seed,
-                          nn.functional.binary_cross_entropy_with_logits, score, batch)
+                          nn.functional.binary_cross_entropy_with_logits, score)
     return [{"elapsed": t, **scores} for t, scores in history]
 
 
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         data = write_mosaics(Path(tmp) / "mosaics", a.size, a.train, max(32, a.train * 4 // 15))
         print(f"digit mosaics: {a.train} training images, {a.size} px, 10 labels, resnet18 from "
-              f"scratch, batch 64, seeds {a.seeds}, {os.cpu_count()} CPU threads\n")
+              f"scratch, seeds {a.seeds}, {os.cpu_count()} CPU threads; {rule(template_settings())}\n")
         lines = ["| run | epochs | val mAP | exact match | wall (s) |", "|---|---|---|---|---|"]
         for epochs in a.epochs:
             for name in ("plain loop (BCE, fp32)", "template defaults"):

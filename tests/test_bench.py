@@ -64,3 +64,29 @@ def test_regression_bench_quick_prints_both_sides(capsys):
         assert row is not None, f"no mean row of {name!r} in the table:\n{out}"
         mae, rmse = (float(v.strip(" *")) for v in row.split("|")[4:6])
         assert 0 < mae <= rmse < float("inf"), row  # the RMSE is never below the MAE
+
+
+def test_the_plain_loop_of_the_benchmarks_takes_the_templates_settings(monkeypatch, tmp_path, tiny_data):
+    """A comparison measures what the template adds, not a learning rate: the plain loop's LR,
+    batch, momentum, weight decay and crop scale are the ones the CLI resolves from the same presets."""
+    import torch
+    from torch.utils.data import TensorDataset
+
+    from benchmarks import accuracy
+    from project.cli import ProjectCLI
+
+    configs = ["configs/train.yaml", *(f"configs/presets/{p}.yaml" for p in accuracy.PRESETS)]
+    cli = ProjectCLI(args=[*(a for c in configs for a in ("--config", c)), f"--data.data_dir={tiny_data}",
+                           f"--trainer.default_root_dir={tmp_path}"], run=False).config
+    settings = accuracy.template_settings()
+    sgd = cli.model.optimizer.init_args
+    assert settings == {"lr": cli.model.lr, "batch": cli.data.batch_size, "momentum": sgd.momentum,
+                        "weight_decay": sgd.weight_decay,
+                        "crop_scale": tuple(cli.data.augmentation.crop_scale)}
+    assert settings["lr"] == 0.05 and settings["crop_scale"] == (0.7, 1.0)  # scratch and characters
+    built = []
+    monkeypatch.setattr(torch.optim, "SGD", lambda params, **kw: built.append(kw) or torch.optim.Adam(params))
+    data = TensorDataset(torch.zeros(2, 3, 32, 32), torch.tensor([0, 1]))
+    accuracy.plain_train(data, data, 2, 1, 0, torch.nn.functional.cross_entropy, lambda net, dl: 0.0)
+    assert built == [{k: settings[k] for k in ("lr", "momentum", "weight_decay")}]
+    assert "SGD LR 0.05" in accuracy.rule(settings)
