@@ -376,3 +376,12 @@ def test_a_claim_about_the_tests_names_a_test_that_exists(doc):
         if TEST_CLAIM.search(unit) and not cited and not NOT_TESTED.search(unit):
             wrong.append(f"{doc.name}: names no test: {unit[:160]}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_make_serve_listens_where_the_readme_says():
+    """`make serve  # HTTP on 127.0.0.1:8000`: the server's default host and the Makefile's PORT."""
+    said = re.search(r"make serve\s+# HTTP on ([\d.]+):(\d+)", (REPO / "README.md").read_text())
+    assert said, "the README no longer says where make serve listens"
+    defaults = option_defaults("serve")
+    port = re.search(r"^PORT \?= (\d+)$", (REPO / "Makefile").read_text(), re.M)
+    assert (said.group(1), int(said.group(2))) == (defaults["--host"], int(port.group(1)))
