@@ -356,7 +356,7 @@ def claim_units(doc: Path) -> list[str]:
 
 
 @cache
-def test_functions() -> frozenset[str]:
+def defined_tests() -> frozenset[str]:
     return frozenset(node.name for path in (REPO / "tests").glob("*.py")
                      for node in ast.walk(ast.parse(path.read_text()))
                      if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"))
@@ -371,7 +371,7 @@ def test_a_claim_about_the_tests_names_a_test_that_exists(doc):
         cited = re.findall(r"`(tests/[\w/]+\.py)`", unit) + [
             n for n in CODE_SPAN.findall(unit) if n.startswith("test_")]
         for name in cited:
-            if not ((REPO / name).is_file() if name.startswith("tests/") else name in test_functions()):
+            if not ((REPO / name).is_file() if name.startswith("tests/") else name in defined_tests()):
                 wrong.append(f"{doc.name}: no {name}: {unit[:120]}")
         if TEST_CLAIM.search(unit) and not cited and not NOT_TESTED.search(unit):
             wrong.append(f"{doc.name}: names no test: {unit[:160]}")
