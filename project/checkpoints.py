@@ -58,6 +58,7 @@ def load_model(path: str | Path):
         old = hparams.pop("multilabel_loss")
         hparams.setdefault("loss", old if hparams.get("task") == MULTI_LABEL else None)
     allowed = inspect.signature(ImageClassifier.__init__).parameters
+    hparams = {k: v for k, v in hparams.items() if not k.startswith("_")}  # Lightning's own (_instantiator)
     unknown = sorted(set(hparams) - set(allowed))
     if unknown:
         log.warning("Notice: '%s' holds settings this version does not know, left out: %s", path,
@@ -153,6 +154,7 @@ def datamodule_for(ckpt_path: str | Path, model, data_dir: str | None = None):
 
     stored = dict(read_checkpoint(ckpt_path, mmap=True).get("datamodule_hyper_parameters") or {})
     allowed = inspect.signature(FolderDataModule.__init__).parameters
+    stored = {k: v for k, v in stored.items() if not k.startswith("_")}  # Lightning's own (_instantiator)
     unknown = sorted(set(stored) - set(allowed))
     if unknown:  # said, as load_model says the model's: a setting that silently vanished misleads
         log.warning("Notice: '%s' holds data settings this version does not know, left out: %s",

@@ -21,6 +21,7 @@ from project.common.files import is_image_file, walk_files
 from project.common.pixels import DECODE_ERRORS, HIGH_BIT_MODES, to_rgb
 from project.data.folders import layout, structure_problems
 from project.data.splits import content_groups
+from project.errors import ProjectError
 
 SEVERITIES = ("error", "skipped", "converted", "warning")
 MODE_NAMES = {"L": "grayscale", "LA": "grayscale with alpha", "P": "palette", "PA": "palette with alpha",
@@ -116,7 +117,7 @@ def scan_table(data_dir: str | Path, labels: str | Path, max_pixels: float = 40e
         if not any(f.severity == "skipped" for f in problems):
             images.append((split or "train", ";".join(sorted(names)), path))
     findings += [Finding("warning", path, f"not in {labels}: training leaves it out")
-                 for path in unlisted_images(table, data_dir)]
+                 for path in (unlisted_images(table, data_dir) if table.rows else [])]  # a table unread
     has_split = any(split for _, _, _, split in table.rows)
     return findings + copies(images, automatic_split=not has_split)
 
@@ -163,6 +164,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--labels", help="a labels table (image,label[s][,split]), as data.labels")
     p.add_argument("--max_megapixels", type=float, default=40.0)
     a = p.parse_args(argv)
+    if not Path(a.data_dir).is_dir():  # not a report of the data: a wrong argument
+        raise ProjectError(f"'{a.data_dir}' is not a folder: pass the data folder, as data.data_dir")
+    if a.labels and not Path(a.labels).is_file():
+        raise ProjectError(f"--labels '{a.labels}' is not a file: pass the labels table, as data.labels")
     if a.labels:
         findings = scan_table(a.data_dir, a.labels, a.max_megapixels * 1e6)
     else:

@@ -159,7 +159,10 @@ def main(argv: list[str]) -> int:
     for path in sorted(outcome["skipped"]):
         print(f"  skipped {path}: {reasons[path]}")
     kept = len(outcome["written"]) + len(outcome["copied"]) + len(outcome["up to date"])
-    return 0 if kept else 2
+    if not kept:
+        print(f"error: SRC '{src}' holds no image that could be read", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":

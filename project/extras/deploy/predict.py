@@ -91,8 +91,11 @@ def main(argv: list[str]) -> int:
     model = load_model(ckpt)
     rows = predict_files(model, paths, a.top_k, a.batch_size, a.num_workers, a.device, a.tta == "hflip",
                          a.min_confidence)
-    write_csv(rows, Path(a.output))
     failed = [r for r in rows if r["error"]]
+    if len(failed) == len(rows):  # a text file, or a folder of broken files: nothing to write
+        raise ProjectError(f"--input '{a.input}': no file could be read as an image ({failed[0]['path']}: "
+                           f"{failed[0]['error']})")
+    write_csv(rows, Path(a.output))
     print(f"{len(rows) - len(failed)} images classified with {ckpt} -> {a.output}")
     for r in failed:
         print(f"  could not read {r['path']}: {r['error']}")
