@@ -79,7 +79,7 @@ VALID = {
     ("model.loss", "''"): "an empty name is the task's default loss, as null",
     ("model.head.hidden", "99999999999999999999"): "the default linear head has no hidden layer",
     ("model.base_batch_size", "99999999999999999999"): "read only by lr_scaling (none by default)",
-    ("model.input.mean", "[0,0,0]"): "no shift: any finite mean is valid (Guards names an input out of range)",
+    ("model.input.mean", "[0,0,0]"): "no shift: any finite mean is (Guards names an input out of range)",
     ("model.optimizer.init_args.lr", "1e400"): "model.lr sets every group's LR; torch checks only the sign",
     ("model.optimizer.init_args.weight_decay", "1e400"): SGD_ACCEPTS,
     ("model.optimizer.init_args.momentum", "1.01"): SGD_ACCEPTS,
@@ -234,8 +234,11 @@ def test_a_bad_setting_fails_in_one_line_naming_it(key, tiny_data, tmp_path, cap
 # ---------------------------------------------------------------------------------------------
 # The project's own callbacks in configs/train.yaml: a bad value in the config file (or given as
 # --trainer.callbacks) is one line too, not jsonargparse's traceback of the callback list.
-CALLBACK_SETTINGS = {"decay: 0.998": ["decay: 1.5", "decay: 0", "decay: -1", "decay: .nan", "decay: abc"],
-                     "every_n_steps: 2": ["every_n_steps: 0", "every_n_steps: -3", "every_n_steps: x"]}
+CALLBACK_SETTINGS = {"decay: 0.998": ["decay: 1.5", "decay: -1", "decay: .nan", "decay: abc"],
+                     "every_n_steps: 2": ["every_n_steps: 0", "every_n_steps: x"]}
+APPENDED = [("ema.EMA", "decay", 1.5), ("guards.Guards", "max_abs_input", -1),  # --trainer.callbacks+=
+            ("guards.Guards", "patience_with_scaler", -1), ("guards.Guards", "top", -2),
+            ("dashboards.Dashboards", "top_pairs", -1)]
 
 
 def test_bad_callback_settings_in_the_config_fail_in_one_line(tiny_data, tmp_path, capsys, no_training,
@@ -251,9 +254,11 @@ def test_bad_callback_settings_in_the_config_fail_in_one_line(tiny_data, tmp_pat
             args[args.index(str(TRAIN_CONFIG))] = str(config)
             if problem := refused(args, tmp_path, capsys, good.split(":")[0]):
                 failures.append(f"{bad}: {problem}")
-    ema = '--trainer.callbacks+={"class_path": "project.callbacks.ema.EMA", "init_args": {"decay": 1.5}}'
-    if problem := refused(["fit", *fit_args(tiny_data, epochs=1), ema], tmp_path, capsys, "decay"):
-        failures.append(f"{ema}: {problem}")
+    for name, key, value in APPENDED:
+        added = (f'--trainer.callbacks+={{"class_path": "project.callbacks.{name}", '
+                 f'"init_args": {{"{key}": {value}}}}}')
+        if problem := refused(["fit", *fit_args(tiny_data, epochs=1), added], tmp_path, capsys, key):
+            failures.append(f"{added}: {problem}")
     assert not failures, "\n".join(failures)
 
 
@@ -292,9 +297,10 @@ def made(tiny_data, tmp_path_factory) -> dict[str, str]:
     import onnx
     from onnx import TensorProto, helper
 
-    run_cwd = tmp_path_factory.mktemp("fuzz_run")
-    assert cli(["fit", *fit_args(tiny_data, *QUICK, epochs=1)], run_cwd) == 0
-    ckpt = only_run(run_cwd / "logs") / "checkpoints" / "last.ckpt"
+    run_cwd = tmp_path_factory.mktemp("fuzz_run")  # one step, Lightning's own checkpoint: seconds
+    quick = ("--trainer.callbacks=[]", "--trainer.max_steps=1", "--trainer.num_sanity_val_steps=0")
+    assert cli(["fit", *fit_args(tiny_data, *QUICK, *quick, epochs=1)], run_cwd) == 0
+    ckpt = next((only_run(run_cwd / "logs") / "checkpoints").glob("*.ckpt"))
     where = tmp_path_factory.mktemp("fuzz_files")
     paths = files(where, tiny_data)
     (where / "cut.ckpt").write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
@@ -351,22 +357,18 @@ def table(data: Path, sep: str = ",", end: str = "\n", quote: bool = False, head
 
 
 TABLES = {  # name -> the bytes of the table, from the data folder
-    "utf-8": lambda d: table(d).encode(),
-    "BOM": lambda d: table(d).encode("utf-8-sig"),
+    "BOM": lambda d: table(d).encode("utf-8-sig"),  # works, as plain UTF-8
     "UTF-16": lambda d: table(d).encode("utf-16"),
     "latin-1 names": lambda d: table(d, label=lambda c: c + "é").encode("latin-1"),
     "semicolons": lambda d: table(d, sep=";").encode(),
     "tabs": lambda d: table(d, sep="\t").encode(),
-    "quoted": lambda d: table(d, quote=True).encode(),
     "quoted commas in labels": lambda d: table(d, quote=True, label=lambda c: f"{c}, big").encode(),
-    "CRLF": lambda d: table(d, end="\r\n").encode(),
-    "blank lines": lambda d: table(d, end="\n\n").encode(),
+    "blank lines, CRLF": lambda d: table(d, end="\r\n\r\n").encode(),
     "an unclosed quote": lambda d: table(d).replace(",", ',"', 3).encode(),
     "a NUL byte": lambda d: table(d).replace("circle", "cir\0cle").encode(),
     "only the header": lambda d: b"image,label\n",
     "5000 columns": lambda d: table(d, header="image,label," + ",".join(f"c{i}" for i in range(4998)),
                                     label=lambda c: c + ",1" * 4998).encode(),
-    "a repeated column": lambda d: table(d, header="image,label,label", label=lambda c: f"{c},{c}").encode(),
     "text in a numeric column": lambda d: table(d, header="image,value",
                                                 label=lambda c: "abc" if c == "dots" else "1.5").encode(),
     "NaN in a numeric column": lambda d: table(d, header="image,value",
@@ -395,7 +397,7 @@ CELL = st.text(st.sampled_from('ab,;\t"\'\n\r\0é-./ 1'), max_size=12)
 
 
 @seed(33)
-@settings(max_examples=20, derandomize=True, deadline=None, database=None,
+@settings(max_examples=12, derandomize=True, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(header=st.sampled_from(["image,label", "image,labels", "image,value", "image,label,split"]),
        rows=st.lists(st.lists(CELL, min_size=1, max_size=4), max_size=6))
