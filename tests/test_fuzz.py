@@ -169,6 +169,8 @@ def names_it(key: str, line: str, after: str, given: str) -> bool:
     if ".init_args." in key:  # torch words the optimizer's settings its own way: the group
         return key.split(".init_args.")[0] in line
     group, _, leaf = key.rpartition(".")
+    if "." not in group:  # model.lr: the key, or one of a pair (model.lr/head_lr_mult)
+        return key in line or f"/{leaf} " in line or (given.startswith("/") and given in line)
     return (key in line or (group in line and leaf in line + after)
             or (given.startswith("/") and given in line))
 
@@ -252,12 +254,13 @@ def test_bad_callback_settings_in_the_config_fail_in_one_line(tiny_data, tmp_pat
             config.write_text(text.replace(good, bad))
             args = ["fit", *fit_args(tiny_data, epochs=1)]
             args[args.index(str(TRAIN_CONFIG))] = str(config)
-            if problem := refused(args, tmp_path, capsys, good.split(":")[0]):
+            if problem := refused(args, tmp_path, capsys, f"trainer.callbacks.{good.split(':')[0]}"):
                 failures.append(f"{bad}: {problem}")
     for name, key, value in APPENDED:
         added = (f'--trainer.callbacks+={{"class_path": "project.callbacks.{name}", '
                  f'"init_args": {{"{key}": {value}}}}}')
-        if problem := refused(["fit", *fit_args(tiny_data, epochs=1), added], tmp_path, capsys, key):
+        if problem := refused(["fit", *fit_args(tiny_data, epochs=1), added], tmp_path, capsys,
+                              f"trainer.callbacks.{key}"):
             failures.append(f"{added}: {problem}")
     assert not failures, "\n".join(failures)
 
