@@ -1,7 +1,9 @@
 """Fuzz of every setting and every command's file arguments (full tier): a bad value ends in exit
-status 2 and exactly one ``error:`` line that names the key, with no traceback and nothing new
-under logs/ or exports/. Everything runs in this process (``project.cli.main``) and stops before
-any training: a bad setting fails while the settings are parsed and the classes built."""
+status 2 and exactly one ``error:`` line that names the key (or the file), with no traceback and
+nothing new under logs/ or exports/; a labels table either works or is refused in that one line.
+Everything runs in this process (``project.cli.main``, LightningCLI's parser built once) and stops
+before any training: ``fit`` does what it does before its first step (``dry_fit``), then returns.
+VALID and REPORTED list, with the reason, the inputs that are rightly not refused."""
 
 from __future__ import annotations
 
@@ -412,10 +414,27 @@ def test_generated_labels_tables_work_or_are_one_line(header, rows, tiny_data, t
     assert (problem := works_or_one_line(args, tmp_path, capsys)) is None, problem
 
 
+OUTPUTS = {  # where a command writes: a folder where it writes a file, a file where it makes a folder
+    "predict --output": (["predict", "--ckpt_path", "CKPT", "--input", "DATA/test", "--output", "{}"],
+                         "DIRECTORY"),
+    "export --out": (["export", "--ckpt_path", "CKPT", "--formats", "onnx", "--out", "{}"], "TEXT"),
+    "resize-data OUT": (["resize-data", "DATA", "{}", "--side", "16", "--workers", "1"], "TEXT"),
+    "optimize-data OUT": (["optimize-data", "DATA", "{}", "--workers", "1"], "TEXT"),
+}
+
+
+@pytest.mark.parametrize("argument", sorted(OUTPUTS))
+def test_an_output_that_cannot_be_written_fails_in_one_line(argument, made, tmp_path, capsys, no_training):
+    template, bad = OUTPUTS[argument]
+    args = [made[bad] if a == "{}" else a.replace("CKPT", made["CKPT"]).replace("DATA", made["DATA"])
+            for a in template]
+    assert (problem := refused(args, tmp_path, capsys, made[bad])) is None, problem
+
+
 def test_the_fuzz_tried_at_least_300_inputs(request):
     """Last in this file: the count of the inputs above (when they all ran), for the notes."""
     here = [item for item in request.session.items if item.path == request.path]
-    if len(here) < len([*KINDS, *FILE_ARGUMENTS, *TABLES]) + 4:
+    if len(here) < len([*KINDS, *FILE_ARGUMENTS, *TABLES, *OUTPUTS]) + 4:
         pytest.skip("only part of this file ran")
     print(f"\nfuzz inputs tried: {len(TRIED)}")
     assert len(TRIED) >= 300, len(TRIED)

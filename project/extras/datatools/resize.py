@@ -148,6 +148,9 @@ def main(argv: list[str]) -> int:
     if not src.is_dir():
         print(f"error: SRC '{src}' is not a folder", file=sys.stderr)
         return 2
+    if out.exists() and not out.is_dir():
+        print(f"error: OUT '{out}' is a file: pass a folder to write to", file=sys.stderr)
+        return 2
     if out.resolve() == src.resolve() or src.resolve() in out.resolve().parents:
         print(f"error: OUT '{out}' must not be SRC or inside it", file=sys.stderr)
         return 2

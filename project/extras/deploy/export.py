@@ -269,6 +269,8 @@ def main(argv: list[str]) -> int:
     check_counts(a.check_images, timing_batches, a.repeats, a.calibration_images)  # before any run is read
     ckpt = resolve_checkpoint(a.ckpt_path)
     out = Path(a.out) if a.out else default_out_dir(ckpt)
+    if out.exists() and not out.is_dir():
+        raise ProjectError(f"--out '{out}' is a file: pass a folder to write the exports to")
     formats = [f.strip() for f in a.formats.split(",") if f.strip()]
     export_checkpoint(ckpt, out, formats, a.data_dir, a.calibration_images, a.calibration_method,
                       a.tolerance, a.int8_max_drop, a.repeats, a.check_images, timing_batches)

@@ -82,6 +82,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--tta", default="none", choices=["none", "hflip"],
                    help="hflip: average each image's probabilities with its mirror image's")
     a = p.parse_args(argv)
+    if Path(a.output).is_dir():
+        raise ProjectError(f"--output '{a.output}' is a folder: pass the CSV file to write, e.g. preds.csv")
     ckpt = resolve_checkpoint(a.ckpt_path)
     if a.tta == "hflip":
         check_mirror_tta(read_checkpoint(ckpt, mmap=True).get("datamodule_hyper_parameters") or {})
