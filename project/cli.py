@@ -5,6 +5,7 @@ import importlib
 import logging
 import sys
 import warnings
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -115,7 +116,13 @@ class ProjectCLI(LightningCLI):
             trainer.callbacks = callbacks + [Namespace(class_path=p, init_args=Namespace()) for p in missing]
 
     def instantiate_classes(self) -> None:
-        super().instantiate_classes()
+        try:
+            super().instantiate_classes()
+        except ValueError as err:  # jsonargparse wraps a callback's or logger's one-line error: unwrap it
+            cause = err
+            while cause is not None and not isinstance(cause, ProjectError):
+                cause = cause.__cause__ or cause.__context__
+            raise cause or err from None
         ckpt = self.config_init[self.subcommand].get("ckpt_path") if self.subcommand else None
         if ckpt:  # a checkpoint of other classes: one line naming both lists
             from project.checkpoints import check_checkpoint_classes
@@ -125,13 +132,14 @@ class ProjectCLI(LightningCLI):
 
 
 def linked_preprocessing(backbone: str, weights: str | None, given):
-    """The data's preprocessing from the model's settings; None where a setting is wrong, so the
-    model names it in one line when it is built."""
+    """The data's preprocessing from the model's settings, as plain values (the parser prints and
+    saves it); None where a setting is wrong, so the model names it in one line when it is built."""
     try:
         given = given.as_dict() if isinstance(given, Namespace) else given
-        return resolve_preprocessing(backbone, weights, given)
+        pre = asdict(resolve_preprocessing(backbone, weights, given))
     except (ProjectError, TypeError):
         return None
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in pre.items()}
 
 
 def follow_task(model, trainer) -> None:

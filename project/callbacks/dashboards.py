@@ -14,6 +14,8 @@ matplotlib.use("Agg")  # no display needed
 from matplotlib import pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from project.errors import require  # noqa: E402
+
 
 def tensorboard(trainer: L.Trainer):
     """The run's TensorBoard ``SummaryWriter``, or None without a TensorBoardLogger."""
@@ -44,6 +46,8 @@ class Dashboards(Callback):
     confusion matrix (Images tab) and the most confused class pairs (Text tab)."""
 
     def __init__(self, top_pairs: int = 5) -> None:
+        require(top_pairs >= 0, "the Dashboards callback's top_pairs",
+                "must be 0 or more (trainer.callbacks)", top_pairs)
         self.top_pairs = top_pairs
 
     def log_confusion(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

@@ -8,7 +8,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import nn
 
 from project.callbacks.dashboards import tensorboard
-from project.errors import ProjectError
+from project.errors import ProjectError, require
 
 log = logging.getLogger("project")
 
@@ -24,6 +24,9 @@ class Guards(Callback):
     (with fp16 loss scaling, ``patience_with_scaler`` in a row)."""
 
     def __init__(self, max_abs_input: float = 10.0, patience_with_scaler: int = 10, top: int = 5) -> None:
+        require(max_abs_input > 0 and min(patience_with_scaler, top) >= 0, "the Guards callback's "
+                "max_abs_input/patience_with_scaler/top", "must be > 0, >= 0, >= 0 (trainer.callbacks)",
+                (max_abs_input, patience_with_scaler, top))
         self.max_abs_input, self.patience, self.top = max_abs_input, patience_with_scaler, top
         self.overflows = 0
         self.batch: torch.Tensor | None = None

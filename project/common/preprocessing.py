@@ -1,6 +1,7 @@
 """What a model expects of its input: one record for training, checkpoints, exports and the
 torch-free infer.py. ``backbones.resolve_preprocessing`` decides the values; the rest read them."""
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -48,11 +49,13 @@ class Preprocessing:
     def __post_init__(self) -> None:
         require(isinstance(self.image_size, int) and self.image_size >= 1, "model.input.size",
                 "must be an integer >= 1", self.image_size)
+        require(self.image_size <= 16384, "model.input.size", "must be at most 16384 pixels", self.image_size)
         require(0 < self.crop_ratio <= 1, "model.input.crop_ratio", "must be in (0, 1]", self.crop_ratio)
         require(self.interpolation in INTERPOLATIONS, "model.input.interpolation",
                 f"must be one of {', '.join(INTERPOLATIONS)}", self.interpolation)
-        require(len(self.mean) == 3 and len(self.std) == 3 and min(self.std) > 0, "model.input.mean/std",
-                "need three values each, std above 0", (self.mean, self.std))
+        require(len(self.mean) == 3 and len(self.std) == 3 and min(self.std) > 0
+                and all(math.isfinite(v) for v in (*self.mean, *self.std)), "model.input.mean/std",
+                "need three finite values each, std above 0", (self.mean, self.std))
 
     @property
     def resize_size(self) -> int:

@@ -56,7 +56,8 @@ class FolderDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         require(batch_size >= 1, "data.batch_size", "must be an integer >= 1", batch_size)
-        require((num_workers or 0) >= 0, "data.num_workers", "must be >= 0 or null", num_workers)
+        require(0 <= (num_workers or 0) <= 256, "data.num_workers", "must be >= 0 and <= 256 or null",
+                num_workers)
         require(prefetch_factor is None or prefetch_factor >= 1, "data.prefetch_factor",
                 "must be >= 1 or null", prefetch_factor)
         require(cache_gb > 0, "data.cache_gb", "must be above 0 (data.cache=none turns it off)", cache_gb)

@@ -26,6 +26,8 @@ def check_extra_val(dm) -> list[str]:
         unknown = sorted(set(folders.class_folders(folder)) - set(dm.class_names))
         require(not unknown, f"data.extra_val.{name}", f"has folders of classes the training data lacks "
                 f"({', '.join(unknown)}); its classes are {', '.join(dm.class_names)}", str(folder))
+        require(bool(folders.scan_split(folder, dm.class_names)), f"data.extra_val.{name}",
+                "has no images in class subfolders", str(folder))  # before the run folder exists
     return list(dm.hparams.extra_val)
 
 

@@ -3,6 +3,7 @@
 
 import functools
 import logging
+import math
 from dataclasses import asdict
 from typing import Literal
 
@@ -58,14 +59,18 @@ class ImageClassifier(L.LightningModule):
         min_confidence: str | float | None = None,
     ) -> None:
         super().__init__()
-        require(lr >= 0 and head_lr_mult > 0, "model.lr/head_lr_mult", "must be >= 0 and > 0",
-                (lr, head_lr_mult))
+        require(0 <= lr < math.inf and 0 < head_lr_mult < math.inf, "model.lr/head_lr_mult",
+                "must be >= 0 and > 0 (finite)", (lr, head_lr_mult))
         require(base_batch_size >= 1, "model.base_batch_size", "must be 1 or more", base_batch_size)
         require(0 <= label_smoothing < 1, "model.label_smoothing", "must be in [0, 1)", label_smoothing)
-        require(min(mixup_alpha, cutmix_alpha) >= 0, "model.mixup_alpha/cutmix_alpha", "must be 0 or more",
-                (mixup_alpha, cutmix_alpha))
+        require(0 <= min(mixup_alpha, cutmix_alpha) <= max(mixup_alpha, cutmix_alpha) < math.inf,
+                "model.mixup_alpha/cutmix_alpha", "must be 0 or more (finite)", (mixup_alpha, cutmix_alpha))
         require(layer_decay is None or 0 < layer_decay <= 1, "model.layer_decay", "must be in (0, 1]",
                 layer_decay)
+        weights_ok = len(class_weights) == num_classes and any(class_weights) and all(
+            0 <= w < math.inf for w in class_weights) if isinstance(class_weights, list) else True
+        require(weights_ok, "model.class_weights",
+                f"needs one weight per class ({num_classes}), each finite and >= 0, not all 0", class_weights)
         head = backbones.Head.of(head)
         if class_names is not None and len(class_names) != num_classes:
             raise ConfigError(f"{len(class_names)} class_names for num_classes={num_classes}")
@@ -80,6 +85,7 @@ class ImageClassifier(L.LightningModule):
         # kept by reference when EMA deep-copies the module (the config's callables hold a lock)
         self.optimizer_factory = _Shared(optimizer or DEFAULT_OPTIMIZER)
         self.scheduler_factory = _Shared(scheduler) if scheduler is not None else None
+        schedule.check_factories(self.optimizer_factory.fn, scheduler)  # torch's refusals: one line now
         self.class_names = list(class_names or [str(i) for i in range(num_classes)])
         built = backbones.build(backbone, weights, num_classes, head, pre.image_size)
         self.net, self.head_name = built.net, built.head_name

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Literal
 
 import lightning as L
+import torch
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
@@ -55,7 +56,14 @@ class WarmupCosine(LambdaLR):
     def __init__(self, optimizer: Optimizer, warmup_epochs: float = 3.0, warmup_start_factor: float = 0.01,
                  end_factor: float = 0.0, max_warmup_share: float = 0.2, total_steps: int | None = None,
                  steps_per_epoch: int | None = None, last_epoch: int = -1) -> None:
-        require(warmup_epochs >= 0, "model.scheduler.warmup_epochs", "must be 0 or more", warmup_epochs)
+        require(0 <= warmup_epochs < math.inf, "model.scheduler.warmup_epochs", "must be 0 or more",
+                warmup_epochs)
+        require(0 <= end_factor <= 1, "model.scheduler.end_factor", "must be in [0, 1]", end_factor)
+        require(0 <= max_warmup_share <= 1, "model.scheduler.max_warmup_share", "must be in [0, 1]",
+                max_warmup_share)
+        require(all(n is None or n >= 1 for n in (total_steps, steps_per_epoch)),
+                "model.scheduler.total_steps/steps_per_epoch", "must be 1 or more (null: the run's)",
+                (total_steps, steps_per_epoch))
         require(0 < warmup_start_factor <= 1, "model.scheduler.warmup_start_factor", "must be in (0, 1]",
                 warmup_start_factor)
         if total_steps is None or steps_per_epoch is None:
@@ -90,6 +98,24 @@ def unset_lengths(factory: Callable) -> list[str]:
         params = inspect.signature(factory).parameters
         return [k for k in LENGTHS if k in params and params[k].default is None]
     return []
+
+
+def check_factories(optimizer: Callable, scheduler: Callable | None) -> None:
+    """Build model.optimizer and model.scheduler once on a stand-in parameter, quietly: a setting
+    torch refuses (a negative momentum) is one line now, not a traceback at the first step."""
+    key, quiet = "model.optimizer", logging.Filter("nothing")  # passes no record of "project"
+    log.addFilter(quiet)
+    try:
+        opt = optimizer([torch.nn.Parameter(torch.zeros(1))])
+        if scheduler is not None:
+            key = "model.scheduler"
+            DeferredScheduler(opt, scheduler).build({"total_steps": 100, "steps_per_epoch": 10, "epochs": 10})
+    except ConfigError:
+        raise
+    except (ValueError, TypeError, OverflowError, ZeroDivisionError) as err:
+        raise ConfigError(f"{key}: {err}") from None
+    finally:
+        log.removeFilter(quiet)
 
 
 class DeferredScheduler(LRScheduler):
