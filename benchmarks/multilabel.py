@@ -117,16 +117,37 @@ def plain_run(data: Path, size: int, epochs: int, seed: int) -> dict:
     return {**json.loads(result.stdout.splitlines()[-1])[-1], "elapsed": time.time() - start}
 
 
-def template_run(data: Path, size: int, epochs: int, seed: int, workdir: Path) -> dict:
+def template_run(data: Path, size: int, epochs: int, seed: int, workdir: Path, *extra: str) -> dict:
     """``benchmarks/accuracy.py``'s template run with the labels table: its last val/map."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     labels = f"--data.labels={data / 'labels.csv'}"
-    history, run = accuracy.template_run(data, size, epochs, seed, workdir, labels)
+    history, run = accuracy.template_run(data, size, epochs, seed, workdir, labels, *extra)
     events = EventAccumulator(str(run), size_guidance={"scalars": 0})
     events.Reload()
     return {"elapsed": history[-1][0], "map": events.Scalars("val/map")[-1].value, "exact": history[-1][1],
             "run": run}
+
+
+# One change at a time against the template's defaults (``--variants``), to find what a gap costs.
+VARIANTS = {
+    "eval crop_ratio 1.0": ["--model.input.crop_ratio=1.0"],
+    "fp32": ["--trainer.precision=32-true"],
+    "no warmup": ["--model.scheduler.init_args.warmup_epochs=0"],
+    "EMA off": ["--config={no_ema}"],
+}
+
+
+def without_ema(workdir: Path) -> Path:
+    """A config holding train.yaml's callbacks less the EMA (a list is replaced, not merged)."""
+    import yaml
+
+    callbacks = yaml.safe_load((REPO / "configs/train.yaml").read_text())["trainer"]["callbacks"]
+    path = workdir / "no_ema.yaml"
+    workdir.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump({"trainer": {"callbacks": [
+        c for c in callbacks if not c["class_path"].endswith(".EMA")]}}))
+    return path
 
 
 def int8_map(run: Path, workdir: Path) -> dict:
@@ -153,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", type=int, default=64)
     p.add_argument("--train", type=int, default=1500, help="training mosaics")
     p.add_argument("--quick", action="store_true", help="1 epoch on 64 mosaics: that it runs")
+    p.add_argument("--variants", nargs="*", default=[], choices=list(VARIANTS),
+                   help="template rows with one change each (at the fewest epochs)")
+    p.add_argument("--no-int8", action="store_true", help="skip the INT8 export check")
     a = p.parse_args(argv)
     if a.quick:
         a.epochs, a.seeds, a.size, a.train = [1], [0], 32, 64
@@ -173,7 +197,19 @@ def main(argv: list[str] | None = None) -> int:
                              f"{mean_sd([r['exact'] for r in results])} | "
                              f"{statistics.mean(r['elapsed'] for r in results):.0f} |")
                 print(lines[-1], flush=True)
+        no_ema = without_ema(Path(tmp))
+        for variant in a.variants:
+            extra = [arg.format(no_ema=no_ema) for arg in VARIANTS[variant]]
+            epochs = min(a.epochs)
+            results = [template_run(data, a.size, epochs, s, Path(tmp) / f"v{variant}-{s}".replace(" ", "_"),
+                                    *extra) for s in a.seeds]
+            lines.append(f"| template, {variant} | {epochs} | {mean_sd([r['map'] for r in results])} | "
+                         f"{mean_sd([r['exact'] for r in results])} | "
+                         f"{statistics.mean(r['elapsed'] for r in results):.0f} |")
+            print(lines[-1], flush=True)
         print("\n" + "\n".join(lines))
+        if a.no_int8:
+            return 0
         maps = int8_map(longest, Path(tmp) / "int8")
         print(f"\nExported ({max(a.epochs)} epochs, seed {a.seeds[0]}): validation mAP "
               f"ONNX FP32 {100 * maps['onnx']:.2f}, INT8 {100 * maps['int8']:.2f} "
