@@ -108,16 +108,21 @@ def plain_transforms(size: int, crop_scale: tuple[float, float] | None = None
 
 
 def plain_train(train, val, num_outputs: int, epochs: int, seed: int, loss_fn, score,
-                settings: dict | None = None) -> list[tuple[float, object]]:
-    """The loop a practitioner writes: resnet18, SGD with momentum, per-epoch cosine, fp32, at the
-    template's settings. ``score(net, val_loader)`` after each epoch; (elapsed seconds, score) each."""
+                settings: dict | None = None, net: nn.Module | None = None,
+                head: nn.Module | None = None, head_lr_mult: float = 1.0) -> list[tuple[float, object]]:
+    """The loop a practitioner writes: resnet18 (or ``net``), SGD with momentum, per-epoch cosine,
+    fp32, at the template's settings (``head``'s parameters at ``head_lr_mult`` x the LR, for
+    fine-tuning). ``score(net, val_loader)`` after each epoch; (elapsed seconds, score) each."""
     s = settings or template_settings()
     torch.manual_seed(seed)
     train_dl = DataLoader(train, s["batch"], shuffle=True, generator=torch.Generator().manual_seed(seed))
     val_dl = DataLoader(val, 256)
-    net = models.resnet18(num_classes=num_outputs)
-    opt = torch.optim.SGD(net.parameters(), lr=s["lr"], momentum=s["momentum"],
-                          weight_decay=s["weight_decay"])
+    net = net if net is not None else models.resnet18(num_classes=num_outputs)
+    in_head = {id(p) for p in head.parameters()} if head is not None else set()
+    groups = [{"params": [p for p in net.parameters() if id(p) not in in_head]}]
+    if head is not None:
+        groups.append({"params": list(head.parameters()), "lr": head_lr_mult * s["lr"]})
+    opt = torch.optim.SGD(groups, lr=s["lr"], momentum=s["momentum"], weight_decay=s["weight_decay"])
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, epochs)
     history, start = [], time.perf_counter()
     for _ in range(epochs):

@@ -78,30 +78,14 @@ def plain_loop(data: Path, size: int, epochs: int, seed: int, weights: Path) -> 
     train_tf, eval_tf = accuracy.plain_transforms(size, s["crop_scale"])
     train = datasets.ImageFolder(data / "train", train_tf)
     val = datasets.ImageFolder(data / "val", eval_tf)
-    torch.manual_seed(seed)
-    train_dl = DataLoader(train, s["batch"], shuffle=True, generator=torch.Generator().manual_seed(seed))
-    val_dl = DataLoader(val, 256)
     net = timm.create_model("efficientnet_lite0", num_classes=len(train.classes))
     print(load_file(net, weights, "efficientnet_lite0", "classifier"), file=sys.stderr)  # by order
-    head = {id(p) for p in net.get_classifier().parameters()}
-    body = [p for p in net.parameters() if id(p) not in head]
-    opt = torch.optim.SGD([{"params": body}, {"params": list(net.get_classifier().parameters()),
-                                              "lr": 10 * s["lr"]}],
-                          lr=s["lr"], momentum=s["momentum"], weight_decay=s["weight_decay"])
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, epochs)
-    history, start = [], time.perf_counter()
-    for _ in range(epochs):
-        net.train()
-        for x, y in train_dl:
-            opt.zero_grad()
-            nn.functional.cross_entropy(net(x), y).backward()
-            opt.step()
-        sched.step()
-        net.eval()
-        with torch.no_grad():
-            correct = sum(int((net(x).argmax(1) == y).sum()) for x, y in val_dl)
-        history.append((time.perf_counter() - start, correct / len(val)))
-    return history
+
+    def accuracy_of(model: nn.Module, loader: DataLoader) -> float:
+        return sum(int((model(x).argmax(1) == y).sum()) for x, y in loader) / len(val)
+
+    return accuracy.plain_train(train, val, len(train.classes), epochs, seed, nn.functional.cross_entropy,
+                                accuracy_of, s, net=net, head=net.get_classifier(), head_lr_mult=10.0)
 
 
 def plain_run(data: Path, size: int, epochs: int, seed: int, weights: Path) -> list[tuple[float, float]]:
