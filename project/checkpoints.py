@@ -57,13 +57,7 @@ def load_model(path: str | Path):
     if "multilabel_loss" in hparams:  # written before model.loss was the task's
         old = hparams.pop("multilabel_loss")
         hparams.setdefault("loss", old if hparams.get("task") == MULTI_LABEL else None)
-    allowed = inspect.signature(ImageClassifier.__init__).parameters
-    hparams = {k: v for k, v in hparams.items() if not k.startswith("_")}  # Lightning's own (_instantiator)
-    unknown = sorted(set(hparams) - set(allowed))
-    if unknown:
-        log.warning("Notice: '%s' holds settings this version does not know, left out: %s", path,
-                    ", ".join(unknown))
-    hparams = {k: v for k, v in hparams.items() if k in allowed}
+    hparams = known_settings(hparams, ImageClassifier, path, "settings")
     hparams.update(weights=None, compile=False, optimizer=None, scheduler=None)
     model = ImageClassifier(**hparams)
     state = {"temperature": torch.ones(()), **ckpt["state_dict"]}  # uncalibrated: T = 1, as used
@@ -147,19 +141,25 @@ def check_checkpoint_classes(path: str | Path, class_names: list[str]) -> None:
                               f"has ({detail}). Use the data folder it was trained on, or start a new run.")
 
 
+def known_settings(stored: dict, cls: type, path: str | Path, what: str) -> dict:
+    """The stored settings ``cls`` takes; the others are named in a notice (a setting that silently
+    vanished misleads). Lightning's own keys (``_instantiator``) are left out without a word."""
+    allowed = inspect.signature(cls.__init__).parameters
+    stored = {k: v for k, v in stored.items() if not k.startswith("_")}
+    unknown = sorted(set(stored) - set(allowed))
+    if unknown:
+        log.warning("Notice: '%s' holds %s this version does not know, left out: %s", path, what,
+                    ", ".join(unknown))
+    return {k: v for k, v in stored.items() if k in allowed}
+
+
 def datamodule_for(ckpt_path: str | Path, model, data_dir: str | None = None):
     """The run's data module, rebuilt from the settings the checkpoint stored (``data_dir``
     overrides its folder), with the model's preprocessing and no cache (one pass)."""
     from project.data import FolderDataModule
 
     stored = dict(read_checkpoint(ckpt_path, mmap=True).get("datamodule_hyper_parameters") or {})
-    allowed = inspect.signature(FolderDataModule.__init__).parameters
-    stored = {k: v for k, v in stored.items() if not k.startswith("_")}  # Lightning's own (_instantiator)
-    unknown = sorted(set(stored) - set(allowed))
-    if unknown:  # said, as load_model says the model's: a setting that silently vanished misleads
-        log.warning("Notice: '%s' holds data settings this version does not know, left out: %s",
-                    ckpt_path, ", ".join(unknown))
-    settings = {k: v for k, v in stored.items() if k in allowed}
+    settings = known_settings(stored, FolderDataModule, ckpt_path, "data settings")
     settings["data_dir"] = data_dir or settings.get("data_dir")
     if not settings["data_dir"]:
         raise CheckpointError(f"'{ckpt_path}' does not say which data it was trained on: pass --data_dir DIR")

@@ -35,6 +35,7 @@ from project.checkpoints import (
     read_calibration,
     read_checkpoint,
 )
+from project.common.argv import check_data_dir
 from project.common.files import write_text
 from project.errors import ProjectError
 from project.extras.analysis.predictions import calibrated_probabilities, predict_dataset
@@ -170,8 +171,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     a = p.parse_args(argv)
-    if a.data_dir and "://" not in a.data_dir and not Path(a.data_dir).is_dir():  # before the model loads
-        raise ProjectError(f"--data_dir '{a.data_dir}' is not a folder: pass the images' folder")
+    check_data_dir(a.data_dir)  # before the model loads
     ckpt = resolve_checkpoint(a.ckpt_path)
     task = checkpoint_task(ckpt)
     if not task_class(task).one_class_per_image:

@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from project.checkpoints import datamodule_for, load_model
+from project.common.argv import check_data_dir
 from project.common.files import write_text
 from project.data.datasets import ImageDataset, collate_skipping_bad
 from project.errors import ProjectError, require
@@ -263,8 +264,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--timing_batches", default="1",
                    help="batch sizes to time, comma-separated, e.g. 1,32 (default: 1)")
     a = p.parse_args(argv)
-    if a.data_dir and "://" not in a.data_dir and not Path(a.data_dir).is_dir():  # before the model loads
-        raise ProjectError(f"--data_dir '{a.data_dir}' is not a folder: pass the images' folder")
+    check_data_dir(a.data_dir)  # before the model loads
     timing_batches = parse_batches(a.timing_batches)
     check_counts(a.check_images, timing_batches, a.repeats, a.calibration_images)  # before any run is read
     ckpt = resolve_checkpoint(a.ckpt_path)
