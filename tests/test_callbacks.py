@@ -121,6 +121,20 @@ def test_an_atomic_checkpoint_write_never_leaves_a_partial_file(tmp_path, monkey
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
 
 
+def test_writers_of_one_file_at_once_each_rename_a_whole_file(tmp_path):
+    """Sweep workers sharing a study write the same best.yaml when their last trials end together."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from project.common.files import write_text
+
+    target = tmp_path / "best.yaml"
+    texts = [f"worker {i}\n" * 2000 for i in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda t: write_text(target, t), texts * 4))
+    assert target.read_text() in texts
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.yaml"]
+
+
 @pytest.fixture(scope="module")
 def bad_data(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     """A trainable folder holding one of each file-level problem; it and what to expect."""

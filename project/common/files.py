@@ -1,6 +1,7 @@
 """One atomic writer and one image lister for training, deployment and tools (torch-free)."""
 
 import os
+import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,10 +14,14 @@ IMAGE_EXTENSIONS = frozenset(
 
 @contextmanager
 def atomic_path(final: str | Path) -> Iterator[Path]:
-    """A temporary path beside ``final``, fsynced and renamed once written: never half-written."""
+    """A temporary path beside ``final``, fsynced and renamed once written: never half-written.
+
+    The temporary name is unique per writer, so processes writing the same file at once
+    (sweep workers sharing a study) each rename a whole file and the last one wins.
+    """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.stem}.tmp{final.suffix}")
+    tmp = final.with_name(f".{final.stem}.{os.getpid()}.{secrets.token_hex(4)}.tmp{final.suffix}")
     try:
         yield tmp
         with open(tmp, "rb+") as f:
