@@ -105,6 +105,17 @@ def test_every_augmentation_setting_reaches_the_transform():
     assert FolderDataModule("unused", augmentation=stored).augmentation == Augmentation(**values)
 
 
+@pytest.mark.parametrize("policy", ["randaugment", "trivialaugment", "augmix"])
+def test_an_auto_augment_policy_runs_with_bicubic_weights(policy):
+    """timm's weights resize bicubic, which the policies' affine ops refuse on tensors."""
+    pre = Preprocessing(32, interpolation="bicubic")
+    transform = train_transforms(pre, Augmentation(auto_augment=policy))
+    image = torch.randint(0, 256, (3, 40, 40), dtype=torch.uint8)
+    for seed in range(20):  # every op of the policy gets its turn
+        torch.manual_seed(seed)
+        assert transform(image).shape == (3, 32, 32)
+
+
 def test_data_and_model_get_one_preprocessing_in_python_and_from_the_cli(tiny_data, tmp_path):
     """timm's test_resnet weights normalise with mean 0.5 and crop 95 %: resolved once from the
     model's settings and handed to the data (no setting repeated on the data side, nothing read

@@ -59,8 +59,9 @@ def train_transforms(pre: Preprocessing, aug: Augmentation | None) -> v2.Compose
         steps.append(v2.RandomHorizontalFlip(aug.hflip))
     if aug.vflip:
         steps.append(v2.RandomVerticalFlip(aug.vflip))
-    if aug.auto_augment in policies:
-        steps.append(policies[aug.auto_augment](interpolation=mode))
+    if aug.auto_augment in policies:  # their affine ops take nearest or bilinear on tensors
+        policy_mode = mode if mode == InterpolationMode.NEAREST else InterpolationMode.BILINEAR
+        steps.append(policies[aug.auto_augment](interpolation=policy_mode))
     steps.append(v2.ToDtype(torch.float32, scale=True))
     if aug.color_jitter:
         j = aug.color_jitter
