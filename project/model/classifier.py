@@ -15,9 +15,11 @@ from torchvision.transforms import v2
 
 from project import tasks
 from project.common.preprocessing import Input
+from project.data.unlabeled import split_batch
 from project.errors import ConfigError, require
 from project.model import backbones, schedule
 from project.model.param_groups import make_param_groups
+from project.model.unlabeled import make_objective
 
 log = logging.getLogger("project")
 # when model.optimizer is not set (its lr is replaced by the parameter groups')
@@ -57,6 +59,7 @@ class ImageClassifier(L.LightningModule):
         extra_val: list[str] | None = None,
         loader_batch_size: int | None = None,
         min_confidence: str | float | None = None,
+        unlabeled: dict | None = None,
     ) -> None:
         super().__init__()
         require(0 <= lr < math.inf and 0 < head_lr_mult < math.inf, "model.lr/head_lr_mult",
@@ -104,6 +107,8 @@ class ImageClassifier(L.LightningModule):
                 answers(self.class_names, self.answer_state())
             except ConfigError as err:
                 raise ConfigError(f"model.min_confidence: {err}") from None
+        # data.unlabeled's objective (FixMatch), linked in by the CLI; None: labeled images only
+        self.unlabeled_objective = make_objective(unlabeled, self.task)
         self.train_acc = self.task.train_metric()
         self.val_metrics = self.task.stage_metrics("val")
         self.test_metrics = self.task.stage_metrics("test")
@@ -155,18 +160,35 @@ class ImageClassifier(L.LightningModule):
 
     # -- steps ---------------------------------------------------------------------------
     def training_step(self, batch, batch_idx: int) -> torch.Tensor | None:
+        batch, unlabeled = split_batch(batch)  # the second: with data.unlabeled only
         if batch is None:  # every image of this batch was undecodable and skipped
             return None
         x, y = batch
         target = y
         if self.mixing is not None:
             x, target = self.mixing(x, y)  # soft targets; the training metric still against the labels
-        logits = self(x)
+        if unlabeled is None or self.unlabeled_objective is None:
+            logits, extra = self(x), None
+        else:  # one forward over the labeled images and both views of the unlabeled ones
+            logits, extra = self.unlabeled_objective.step(self, x, unlabeled[0])
         loss = self.loss(logits, target)
+        if extra is not None:
+            self.log("train/unlabeled_loss", extra, batch_size=len(unlabeled[0][0]))
+            loss = loss + extra
         self.train_acc(logits, y)
         self.log("train/loss", loss, prog_bar=True, batch_size=len(y))
         self.log(self.task.train_metric_name, self.train_acc, on_step=False, on_epoch=True, prog_bar=True)
         return loss
+
+    def on_train_epoch_end(self) -> None:
+        if self.unlabeled_objective is None or not self.unlabeled_objective.stats.update_count:
+            return
+        stats = self.unlabeled_objective.stats
+        values = stats.compute()  # a collective under DDP: every rank computes
+        stats.reset()
+        self.log("train/unlabeled_above_threshold", values["above_threshold"])
+        self.log_dict({f"train/pseudo_labels/{name}": share
+                       for name, share in zip(self.class_names, values["shares"], strict=True)})
 
     def _eval_step(self, batch, metrics: nn.Module) -> None:
         if batch is not None:

@@ -55,6 +55,18 @@ class Task:
                               f"{(hparams.get('mixup_alpha'), hparams.get('cutmix_alpha'))}")
 
     # -- training ------------------------------------------------------------------------
+    # whether data.unlabeled's objective (project/model/unlabeled.py) can train it; if so, the
+    # two methods below turn a prediction into a pseudo-label and score a prediction against it
+    learns_from_unlabeled: ClassVar[bool] = False
+
+    def pseudo_labels(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(targets, confidence in [0, 1]) for unlabeled images from the network's outputs."""
+        raise NotImplementedError
+
+    def per_image_loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """One loss per image (unweighted, unsmoothed), against pseudo-labels."""
+        raise NotImplementedError
+
     def loss(self, logits: torch.Tensor, target: torch.Tensor,
              weight: torch.Tensor | None = None) -> torch.Tensor:
         return self.criterion(logits, target, weight=weight)

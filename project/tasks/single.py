@@ -41,6 +41,15 @@ class SingleLabel(Task):
     losses = {"cross_entropy": cross_entropy, "focal": focal}
     default_loss = "cross_entropy"
 
+    learns_from_unlabeled = True
+
+    def pseudo_labels(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        confidence, target = logits.float().softmax(-1).max(-1)
+        return target, confidence
+
+    def per_image_loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(logits.float(), target, reduction="none")
+
     def train_metric(self) -> Metric:
         return MulticlassAccuracy(len(self.names), average="micro")
 

@@ -1,0 +1,171 @@
+"""Unlabeled images in training (``data.unlabeled``): FixMatch's objective, the two views, the
+stream that follows the labeled batches, and the one-line refusals."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from project.data import FolderDataModule
+from project.data.folders import DataFolderError
+from project.data.unlabeled import Unlabeled, UnlabeledSampler
+from project.errors import ConfigError
+from project.model.unlabeled import FixMatch
+from project.tasks.single import SingleLabel
+from tests.conftest import cli, fit_args, one_error, only_run, scalars
+from tests.test_schedule import EVERY_EPOCH
+
+CLASSES = ["a", "b", "c"]
+
+
+@pytest.fixture(scope="module")
+def unlabeled_dir(tiny_data, tmp_path_factory) -> Path:
+    """tiny_data's training images in one flat folder, names without their class, plus one
+    file that is not an image."""
+    out = tmp_path_factory.mktemp("unlabeled")
+    for i, path in enumerate(sorted((tiny_data / "train").rglob("*.png"))):
+        shutil.copy(path, out / f"{i:03d}.png")
+    (out / "broken.png").write_bytes(b"not a png")
+    return out
+
+
+def test_fixmatch_trains_the_strong_view_on_confident_weak_predictions_only():
+    """The weak view's argmax is the target when its softmax reaches the threshold; the loss is
+    the strong view's cross-entropy over every unlabeled image (rejected ones count as 0)."""
+    identity = torch.nn.Identity()  # the "network" passes logits through
+    labeled = torch.tensor([[1.0, 0.0, 0.0]])
+    weak = torch.tensor([[6.0, 0.0, 0.0], [0.2, 0.0, 0.1], [0.0, 0.0, 5.0]])  # confident, not, confident
+    strong = torch.tensor([[0.5, 1.0, 0.0], [3.0, 0.0, 0.0], [0.0, 2.0, 1.0]])
+    fixmatch = FixMatch(SingleLabel(CLASSES), threshold=0.9, weight=2.0)
+    logits, loss = fixmatch.step(identity, labeled, (weak, strong))
+    assert torch.equal(logits, labeled)
+    ce = torch.nn.functional.cross_entropy
+    expected = 2.0 * (ce(strong[0:1], torch.tensor([0])) + ce(strong[2:3], torch.tensor([2]))) / 3
+    torch.testing.assert_close(loss, expected)
+    stats = fixmatch.stats.compute()
+    assert stats["above_threshold"] == pytest.approx(2 / 3)
+    assert stats["shares"].tolist() == [0.5, 0.0, 0.5]
+    everyone = FixMatch(SingleLabel(CLASSES), threshold=0.3, weight=1.0)
+    _, loss_all = everyone.step(identity, labeled, (weak, strong))
+    torch.testing.assert_close(loss_all, ce(strong, torch.tensor([0, 0, 2])))
+
+
+def test_the_unlabeled_stream_deals_each_image_to_one_rank_per_epoch():
+    shares = {}
+    for rank in range(2):
+        sampler = UnlabeledSampler(11, draws=8, seed=3, num_replicas=2, rank=rank)
+        sampler.set_epoch(4)
+        shares[rank] = [i for i, _ in sampler]
+        assert len(shares[rank]) == len(sampler) == 8
+    assert set(shares[0]).isdisjoint(shares[1]) and set(shares[0]) | set(shares[1]) == set(range(11))
+    again = UnlabeledSampler(11, draws=8, seed=3, num_replicas=2, rank=0)
+    again.set_epoch(4)
+    assert [i for i, _ in again] == shares[0]  # (seed, epoch) alone decide the draw
+    again.set_epoch(5)
+    assert [i for i, _ in again] != shares[0]
+    with pytest.raises(ConfigError, match="1 unlabeled image"):
+        UnlabeledSampler(1, draws=4, num_replicas=2)
+
+
+def test_unlabeled_batches_follow_the_labeled_ones_with_two_views_each(tiny_data, unlabeled_dir):
+    dm = FolderDataModule(str(tiny_data), batch_size=8, num_workers=0, preprocessing={"image_size": 32},
+                          unlabeled=Unlabeled(images=str(unlabeled_dir), ratio=3))
+    dm.setup("fit")
+    loaders = dm.train_dataloader()
+    assert set(loaders) == {"labeled", "unlabeled"}
+    assert len(loaders["unlabeled"]) == len(loaders["labeled"]) == 5  # 40 images / 8
+    assert loaders["unlabeled"].batch_size == 24  # ratio x data.batch_size
+    (weak, strong), label = next(iter(loaders["unlabeled"]))
+    assert weak.shape == strong.shape and weak.shape[1:] == (3, 32, 32) and set(label.tolist()) == {-1}
+    assert len(weak) >= 23  # 24, less broken.png if the draw put it here
+    assert not torch.equal(weak, strong)
+
+
+def test_a_semi_supervised_fit_logs_pseudo_labels_and_counts_a_bad_unlabeled_image(
+        tiny_data, unlabeled_dir, tmp_path):
+    args = fit_args(tiny_data, "--trainer.limit_val_batches=1", f"--data.unlabeled.images={unlabeled_dir}",
+                    "--data.unlabeled.ratio=1", "--data.unlabeled.threshold=0.01")
+    assert cli(["fit", *args], tmp_path) == 0
+    run = only_run(tmp_path / "logs")
+    s = scalars(run)
+    # over 5 classes the top softmax is at least 0.2: a threshold of 0.01 takes every image
+    assert [v for _, v in s["train/unlabeled_above_threshold"]] == [1.0, 1.0]
+    shares = [s[f"train/pseudo_labels/{c}"][-1][1] for c in ("checker", "circle", "cross", "dots", "square")
+              if f"train/pseudo_labels/{c}" in s]
+    assert len(shares) == 5 and sum(shares) == pytest.approx(1.0)
+    assert len(s["train/unlabeled_loss"]) == 10  # logged every step, 5 steps an epoch
+    assert s["train/skipped_images"][-1][1] == 1.0  # broken.png, counted like a labeled one
+
+
+def _table(tiny_data: Path, out: Path, unlabeled: int) -> Path:
+    """tiny_data's training images in a labels table, the first ``unlabeled`` with an empty label."""
+    images = sorted((tiny_data / "train").rglob("*.png"))
+    rows = [(str(p.relative_to(tiny_data)), p.parent.name) for p in images]
+    with open(out, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["image", "label"])
+        writer.writerows((image, "" if i < unlabeled else label) for i, (image, label) in enumerate(rows))
+    return out
+
+
+def test_rows_with_an_empty_label_are_the_unlabeled_images_when_the_table_says_so(tiny_data, tmp_path):
+    table = _table(tiny_data, tmp_path / "labels.csv", unlabeled=6)
+    dm = FolderDataModule(str(tiny_data), labels=str(table), unlabeled=Unlabeled(images=str(table)))
+    assert len(dm.unlabeled_samples) == 6 and {s.label for s in dm.unlabeled_samples} == {-1}
+    listed = {s.path for split in (dm.splits.train, dm.splits.val, dm.splits.test) for s in split}
+    assert listed.isdisjoint(s.path for s in dm.unlabeled_samples) and len(listed) == 40 - 6
+    assert dm.unlabeled_objective == {"method": "fixmatch", "threshold": 0.95, "weight": 1.0}
+    with pytest.raises(DataFolderError, match="empty label for .*data.unlabeled.images="):
+        FolderDataModule(str(tiny_data), labels=str(table)).splits  # noqa: B018
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ("--data.unlabeled.images={missing}", "data.unlabeled.images must be a folder|does not exist"),
+    ("--data.unlabeled.ratio=0", "data.unlabeled.ratio must be an integer >= 1"),
+    ("--data.unlabeled.threshold=1.5", "data.unlabeled.threshold must be in (0, 1]"),
+    ("--data.unlabeled.method=mixmatch", "data.unlabeled.method 'mixmatch' is not known; choose from fix"),
+])
+def test_a_bad_unlabeled_setting_fails_in_one_line_and_no_run(setting, message, tiny_data, unlabeled_dir,
+                                                               tmp_path, capsys):
+    args = fit_args(tiny_data, f"--data.unlabeled.images={unlabeled_dir}",
+                    setting.format(missing=tmp_path / "nowhere"), epochs=1)
+    assert cli(["fit", *args], tmp_path) != 0
+    error = one_error(capsys.readouterr().err)
+    assert any(m in error for m in message.split("|")), error
+    assert not (tmp_path / "logs").exists()
+
+
+def test_a_multi_label_task_refuses_unlabeled_images_in_one_line(multilabel_data, unlabeled_dir, tmp_path,
+                                                                 capsys):
+    args = fit_args(multilabel_data, f"--data.labels={multilabel_data / 'labels.csv'}",
+                    f"--data.unlabeled.images={unlabeled_dir}", epochs=1)
+    assert cli(["fit", *args], tmp_path) != 0
+    assert "a multilabel task does not learn from unlabeled images" in one_error(capsys.readouterr().err)
+
+
+@pytest.mark.slow
+def test_a_semi_supervised_run_resumes_bit_exactly_at_an_epoch_boundary(tiny_data, unlabeled_dir, tmp_path):
+    """Two epochs straight, and one then a resume: the unlabeled stream's draws and views come
+    from (seed, epoch) alone, so the weights (raw and EMA) agree to the bit."""
+    common = ["--trainer.deterministic=true", "--trainer.limit_train_batches=3", *EVERY_EPOCH,
+              f"--data.unlabeled.images={unlabeled_dir}", "--data.unlabeled.ratio=2",
+              "--data.unlabeled.threshold=0.3"]
+    for name in ("straight", "resumed"):
+        (tmp_path / name).mkdir()
+    assert cli(["fit", *fit_args(tiny_data, *common, epochs=2)], tmp_path / "straight") == 0
+    run_a = only_run(tmp_path / "straight" / "logs")
+    boundary = run_a / "checkpoints" / "epepoch=0.ckpt"
+    assert cli(["fit", *fit_args(tiny_data, *common, epochs=2), f"--ckpt_path={boundary}"],
+               tmp_path / "resumed") == 0
+    run_b = only_run(tmp_path / "resumed" / "logs")
+    a = torch.load(run_a / "checkpoints/last.ckpt", weights_only=True)
+    b = torch.load(run_b / "checkpoints/last.ckpt", weights_only=True)
+    for state in ("state_dict", "current_model_state"):
+        for key, tensor in a[state].items():
+            assert torch.equal(tensor, b[state][key]), (state, key)
+    above = scalars(run_a)["train/unlabeled_above_threshold"]
+    assert above[-1] == scalars(run_b)["train/unlabeled_above_threshold"][-1] and above[-1][1] > 0
