@@ -86,10 +86,13 @@ def test_unlabeled_batches_follow_the_labeled_ones_with_two_views_each(tiny_data
 
 
 def test_a_semi_supervised_fit_logs_pseudo_labels_and_counts_a_bad_unlabeled_image(
-        tiny_data, unlabeled_dir, tmp_path):
+        tiny_data, unlabeled_dir, tmp_path, caplog):
+    caplog.set_level("INFO")
     args = fit_args(tiny_data, "--trainer.limit_val_batches=1", f"--data.unlabeled.images={unlabeled_dir}",
                     "--data.unlabeled.ratio=1", "--data.unlabeled.threshold=0.01")
     assert cli(["fit", *args], tmp_path) == 0
+    assert f"Unlabeled: 41 images from {unlabeled_dir}; fixmatch with 1 per labeled image, threshold 0.01" \
+        in caplog.text
     run = only_run(tmp_path / "logs")
     s = scalars(run)
     # over 5 classes the top softmax is at least 0.2: a threshold of 0.01 takes every image

@@ -209,6 +209,11 @@ class FolderDataModule(L.LightningDataModule):
             self.datasets["unlabeled"] = ImageDataset(
                 samples, view_transforms(self.preprocessing, self.augmentation),
                 self.make_cache(samples, "unlabeled", side), self.hparams.on_bad_image, short_side=side)
+            if self.world()[1] == 0:
+                u = self.unlabeled
+                log.info("Unlabeled: %d images from %s; %s with %d per labeled image, threshold %g, "
+                         "weight %g (TensorBoard: train/unlabeled_above_threshold, train/pseudo_labels/*)",
+                         len(samples), u.images, u.method, u.ratio, u.threshold, u.weight)
 
     def make_dataset(self, split: str) -> ImageDataset:
         if split.startswith("val_"):
