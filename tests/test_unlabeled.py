@@ -12,7 +12,8 @@ import torch
 
 from project.data import FolderDataModule
 from project.data.folders import DataFolderError
-from project.data.unlabeled import Unlabeled, UnlabeledSampler
+from project.data.unlabeled import Unlabeled
+from project.data.unlabeled_stream import UnlabeledSampler
 from project.errors import ConfigError
 from project.model.unlabeled import FixMatch
 from project.tasks.single import SingleLabel

@@ -149,7 +149,7 @@ class FolderDataModule(L.LightningDataModule):
         """The unlabeled images (``unlabeled.py``), listed and checked once, before any run folder."""
         if self.unlabeled.images is None:
             return []
-        from project.data.unlabeled import unlabeled_samples
+        from project.data.unlabeled_stream import unlabeled_samples
 
         return unlabeled_samples(self.unlabeled, self.data_dir, self.hparams.labels)
 
@@ -203,7 +203,7 @@ class FolderDataModule(L.LightningDataModule):
             if split not in self.datasets:
                 self.datasets[split] = self.make_dataset(split)
         if (stage or "fit") == "fit" and self.unlabeled_samples and "unlabeled" not in self.datasets:
-            from project.data.unlabeled import view_transforms
+            from project.data.unlabeled_stream import view_transforms
 
             samples, side = self.unlabeled_samples, self.short_side("train")
             self.datasets["unlabeled"] = ImageDataset(
@@ -281,7 +281,7 @@ class FolderDataModule(L.LightningDataModule):
         if "unlabeled" not in self.datasets:
             return labeled
         # as many unlabeled batches (ratio x the batch size each) as labeled ones: one epoch of both
-        from project.data.unlabeled import UnlabeledSampler
+        from project.data.unlabeled_stream import UnlabeledSampler
 
         world, rank = self.world()
         batch = self.batch_size * self.unlabeled.ratio

@@ -19,7 +19,6 @@ from project.data.unlabeled import split_batch
 from project.errors import ConfigError, require
 from project.model import backbones, schedule
 from project.model.param_groups import make_param_groups
-from project.model.unlabeled import make_objective
 
 log = logging.getLogger("project")
 # when model.optimizer is not set (its lr is replaced by the parameter groups')
@@ -108,7 +107,11 @@ class ImageClassifier(L.LightningModule):
             except ConfigError as err:
                 raise ConfigError(f"model.min_confidence: {err}") from None
         # data.unlabeled's objective (FixMatch), linked in by the CLI; None: labeled images only
-        self.unlabeled_objective = make_objective(unlabeled, self.task)
+        self.unlabeled_objective = None
+        if unlabeled:
+            from project.model.unlabeled import make_objective
+
+            self.unlabeled_objective = make_objective(unlabeled, self.task)
         self.train_acc = self.task.train_metric()
         self.val_metrics = self.task.stage_metrics("val")
         self.test_metrics = self.task.stage_metrics("test")
