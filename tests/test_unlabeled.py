@@ -83,6 +83,15 @@ def test_unlabeled_batches_follow_the_labeled_ones_with_two_views_each(tiny_data
     (weak, strong), label = next(iter(loaders["unlabeled"]))
     assert weak.shape == strong.shape and weak.shape[1:] == (3, 32, 32) and set(label.tolist()) == {-1}
     assert len(weak) >= 23  # 24, less broken.png if the draw put it here
+    # with more unlabeled batches than labeled ones, the epoch is one pass over the unlabeled
+    # images and the labeled ones are cycled: 41 / 8 = 6 steps against 40 / 8 = 5
+    dm = FolderDataModule(str(tiny_data), batch_size=8, num_workers=0, preprocessing={"image_size": 32},
+                          unlabeled=Unlabeled(images=str(unlabeled_dir), ratio=1))
+    dm.setup("fit")
+    loaders = dm.train_dataloader()
+    assert len(loaders["unlabeled"]) == len(loaders["labeled"]) == 6
+    assert {i for i, _ in loaders["unlabeled"].sampler} == set(range(41))
+    assert len(list(loaders["labeled"].sampler)) == 48
     assert not torch.equal(weak, strong)
 
 
@@ -101,7 +110,7 @@ def test_a_semi_supervised_fit_logs_pseudo_labels_and_counts_a_bad_unlabeled_ima
     shares = [s[f"train/pseudo_labels/{c}"][-1][1] for c in ("checker", "circle", "cross", "dots", "square")
               if f"train/pseudo_labels/{c}" in s]
     assert len(shares) == 5 and sum(shares) == pytest.approx(1.0)
-    assert len(s["train/unlabeled_loss"]) == 10  # logged every step, 5 steps an epoch
+    assert len(s["train/unlabeled_loss"]) == 12  # every step: 41 unlabeled images at 8 a step, 6 an epoch
     assert s["train/skipped_images"][-1][1] == 1.0  # broken.png, counted like a labeled one
 
 

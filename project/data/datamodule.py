@@ -277,20 +277,27 @@ class FolderDataModule(L.LightningDataModule):
             collate_fn=collate_skipping_bad, generator=torch.Generator().manual_seed(self.run_seed()))
 
     def train_dataloader(self) -> DataLoader | dict[str, DataLoader]:
-        labeled = self.labeled_loader()
         if "unlabeled" not in self.datasets:
-            return labeled
-        # as many unlabeled batches (ratio x the batch size each) as labeled ones: one epoch of both
+            return self.labeled_loader()
+        # An epoch is one pass over the unlabeled images (each step: ratio x the batch of them
+        # beside a labeled batch), or over the labeled ones if those are more batches; the
+        # shorter side is cycled to as many batches.
+        import math
+
         from project.data.unlabeled_stream import UnlabeledSampler
 
         world, rank = self.world()
         batch = self.batch_size * self.unlabeled.ratio
-        sampler = UnlabeledSampler(len(self.datasets["unlabeled"]), len(labeled) * batch,
-                                   self.run_seed(), world, rank)
+        per_rank = (math.ceil(len(d) / world) for d in (self.train_set, self.datasets["unlabeled"]))
+        steps = max(math.ceil(n / b) for n, b in zip(per_rank, (self.batch_size, batch), strict=True))
+        sampler = UnlabeledSampler(len(self.datasets["unlabeled"]), steps * batch, self.run_seed(), world,
+                                   rank)
         sampler.set_epoch(epoch_to_start(self.trainer))
-        return {"labeled": labeled, "unlabeled": self.loader(self.datasets["unlabeled"], sampler, batch)}
+        return {"labeled": self.labeled_loader(steps * self.batch_size),
+                "unlabeled": self.loader(self.datasets["unlabeled"], sampler, batch)}
 
-    def labeled_loader(self) -> DataLoader:
+    def labeled_loader(self, draws: int | None = None) -> DataLoader:
+        """The labeled images' loader: each once an epoch, or ``draws`` of them per rank (cycled)."""
         if self.streaming:
             return self.streamed.train_loader()
         world, rank = self.world()
@@ -299,7 +306,7 @@ class FolderDataModule(L.LightningDataModule):
         if self.hparams.balanced_sampling and not overfitting:
             weights = inverse_frequency(self.train_set.targets, self.num_classes)[self.train_set.targets]
         sampler = EpochSampler(len(self.train_set), weights, shuffle=not overfitting,
-                               seed=self.run_seed(), num_replicas=world, rank=rank)
+                               seed=self.run_seed(), num_replicas=world, rank=rank, draws=draws)
         sampler.set_epoch(epoch_to_start(self.trainer))
         return self.loader(self.train_set, sampler)
 

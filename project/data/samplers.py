@@ -31,14 +31,17 @@ def inverse_frequency(targets: Sequence[int], num_classes: int) -> torch.Tensor:
 
 
 class EpochSampler(DistributedSampler):
+    """``draws`` per rank (None: the items once, split over the ranks); more are drawn by
+    repeating the epoch's order."""
+
     def __init__(self, num_items: int, weights: torch.Tensor | None = None, shuffle: bool = True,
-                 seed: int = 0, num_replicas: int = 1, rank: int = 0) -> None:
+                 seed: int = 0, num_replicas: int = 1, rank: int = 0, draws: int | None = None) -> None:
         # Not calling DistributedSampler.__init__: it needs a dataset and a process group.
         self.num_items, self.shuffle, self.seed = num_items, shuffle, seed
         self.num_replicas, self.rank, self.epoch = num_replicas, rank, 0
         self.drop_last = False  # read by Lightning as on a DistributedSampler; never dropped here
         self.weights = None if weights is None else torch.as_tensor(weights, dtype=torch.double)
-        self.num_samples = math.ceil(num_items / num_replicas)
+        self.num_samples = draws or math.ceil(num_items / num_replicas)
         self.total_size = self.num_samples * num_replicas
 
     def set_epoch(self, epoch: int) -> None:
