@@ -16,7 +16,7 @@ import torch
 from project.checkpoints import load_model, read_checkpoint
 from project.data.tables import discover_table
 from tests.conftest import QUICK, best_ckpt, cli, fit_args, one_error, only_run, scalars
-from tests.test_schedule import EVERY_EPOCH
+from tests.test_schedule import EVERY_EPOCH, straight_and_resumed
 
 REG_ARGS = ("--model.input.crop_ratio=1.0",)  # 32 px at 32 px: predict and infer read the same pixels
 
@@ -91,16 +91,7 @@ def test_a_regression_run_logs_mae_and_keeps_the_lowest(regression_run, capsys):
 @pytest.mark.slow
 def test_a_regression_resumes_bit_exactly(count_data, tmp_path):
     common = ["--trainer.deterministic=true", "--trainer.limit_train_batches=3", *EVERY_EPOCH]
-    for name in ("straight", "resumed"):
-        (tmp_path / name).mkdir()
-    assert cli(["fit", *reg_args(count_data, *common, epochs=2)], tmp_path / "straight") == 0
-    run_a = only_run(tmp_path / "straight" / "logs")
-    boundary = run_a / "checkpoints" / "epepoch=0.ckpt"
-    assert cli(["fit", *reg_args(count_data, *common, epochs=2), f"--ckpt_path={boundary}"],
-               tmp_path / "resumed") == 0
-    run_b = only_run(tmp_path / "resumed" / "logs")
-    a = torch.load(run_a / "checkpoints/last.ckpt", weights_only=True)
-    b = torch.load(run_b / "checkpoints/last.ckpt", weights_only=True)
+    a, b, run_a, run_b = straight_and_resumed(reg_args(count_data, *common, epochs=2), tmp_path)
     for key, tensor in a["state_dict"].items():
         assert torch.equal(tensor, b["state_dict"][key]), key
     assert scalars(run_a)["val/mae"][-1] == scalars(run_b)["val/mae"][-1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +22,20 @@ EVERY_EPOCH = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint
                "--trainer.callbacks.every_n_epochs=1", "--trainer.callbacks.save_top_k=-1",
                "--trainer.callbacks.monitor=val/loss",  # a distinct callback state key
                "--trainer.callbacks.filename=ep{epoch}"]
+
+
+def straight_and_resumed(args: list[str], tmp_path: Path) -> tuple[dict, dict, Path, Path]:
+    """A 2-epoch fit (``args``, with EVERY_EPOCH) straight, and again resumed from its epoch-1
+    checkpoint: both last checkpoints and run folders."""
+    for name in ("straight", "resumed"):
+        (tmp_path / name).mkdir()
+    assert cli(["fit", *args], tmp_path / "straight") == 0
+    run_a = only_run(tmp_path / "straight" / "logs")
+    boundary = run_a / "checkpoints" / "epepoch=0.ckpt"  # after 1 of 2 epochs
+    assert cli(["fit", *args, f"--ckpt_path={boundary}"], tmp_path / "resumed") == 0
+    run_b = only_run(tmp_path / "resumed" / "logs")
+    a, b = (torch.load(run / "checkpoints/last.ckpt", weights_only=True) for run in (run_a, run_b))
+    return a, b, run_a, run_b
 
 
 def test_warmup_then_cosine():
@@ -74,16 +89,7 @@ def test_a_resume_at_an_epoch_boundary_is_bit_exact(tiny_data, tmp_path, schedul
     (raw and EMA), optimizer state, LRs and momenta, to the bit."""
     caplog.set_level("INFO")
     common = ["--trainer.deterministic=true", "--trainer.limit_train_batches=3", *scheduler, *EVERY_EPOCH]
-    (tmp_path / "straight").mkdir()
-    (tmp_path / "resumed").mkdir()
-    assert cli(["fit", *fit_args(tiny_data, *common, epochs=2)], tmp_path / "straight") == 0
-    run_a = only_run(tmp_path / "straight" / "logs")
-    boundary = run_a / "checkpoints" / "epepoch=0.ckpt"  # after 1 of 2 epochs
-    assert cli(["fit", *fit_args(tiny_data, *common, epochs=2), f"--ckpt_path={boundary}"],
-               tmp_path / "resumed") == 0
-    run_b = only_run(tmp_path / "resumed" / "logs")
-    a = torch.load(run_a / "checkpoints/last.ckpt", weights_only=True)
-    b = torch.load(run_b / "checkpoints/last.ckpt", weights_only=True)
+    a, b, run_a, run_b = straight_and_resumed(fit_args(tiny_data, *common, epochs=2), tmp_path)
     assert a["global_step"] == b["global_step"] == 6
     for state in ("state_dict", "current_model_state"):  # the EMA weights and the raw ones
         for key, tensor in a[state].items():

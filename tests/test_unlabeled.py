@@ -18,7 +18,7 @@ from project.errors import ConfigError
 from project.model.unlabeled import FixMatch
 from project.tasks.single import SingleLabel
 from tests.conftest import cli, fit_args, one_error, only_run, scalars
-from tests.test_schedule import EVERY_EPOCH
+from tests.test_schedule import EVERY_EPOCH, straight_and_resumed
 
 CLASSES = ["a", "b", "c"]
 
@@ -167,16 +167,7 @@ def test_a_semi_supervised_run_resumes_bit_exactly_at_an_epoch_boundary(tiny_dat
     common = ["--trainer.deterministic=true", "--trainer.limit_train_batches=3", *EVERY_EPOCH,
               f"--data.unlabeled.images={unlabeled_dir}", "--data.unlabeled.ratio=2",
               "--data.unlabeled.threshold=0.3"]
-    for name in ("straight", "resumed"):
-        (tmp_path / name).mkdir()
-    assert cli(["fit", *fit_args(tiny_data, *common, epochs=2)], tmp_path / "straight") == 0
-    run_a = only_run(tmp_path / "straight" / "logs")
-    boundary = run_a / "checkpoints" / "epepoch=0.ckpt"
-    assert cli(["fit", *fit_args(tiny_data, *common, epochs=2), f"--ckpt_path={boundary}"],
-               tmp_path / "resumed") == 0
-    run_b = only_run(tmp_path / "resumed" / "logs")
-    a = torch.load(run_a / "checkpoints/last.ckpt", weights_only=True)
-    b = torch.load(run_b / "checkpoints/last.ckpt", weights_only=True)
+    a, b, run_a, run_b = straight_and_resumed(fit_args(tiny_data, *common, epochs=2), tmp_path)
     for state in ("state_dict", "current_model_state"):
         for key, tensor in a[state].items():
             assert torch.equal(tensor, b[state][key]), (state, key)
