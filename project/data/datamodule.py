@@ -203,17 +203,9 @@ class FolderDataModule(L.LightningDataModule):
             if split not in self.datasets:
                 self.datasets[split] = self.make_dataset(split)
         if (stage or "fit") == "fit" and self.unlabeled_samples and "unlabeled" not in self.datasets:
-            from project.data.unlabeled_stream import view_transforms
+            from project.data.unlabeled_stream import unlabeled_dataset
 
-            samples, side = self.unlabeled_samples, self.short_side("train")
-            self.datasets["unlabeled"] = ImageDataset(
-                samples, view_transforms(self.preprocessing, self.augmentation),
-                self.make_cache(samples, "unlabeled", side), self.hparams.on_bad_image, short_side=side)
-            if self.world()[1] == 0:
-                u = self.unlabeled
-                log.info("Unlabeled: %d images from %s; %s with %d per labeled image, threshold %g, "
-                         "weight %g (TensorBoard: train/unlabeled_above_threshold, train/pseudo_labels/*)",
-                         len(samples), u.images, u.method, u.ratio, u.threshold, u.weight)
+            self.datasets["unlabeled"] = unlabeled_dataset(self)
 
     def make_dataset(self, split: str) -> ImageDataset:
         if split.startswith("val_"):
@@ -279,22 +271,9 @@ class FolderDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader | dict[str, DataLoader]:
         if "unlabeled" not in self.datasets:
             return self.labeled_loader()
-        # An epoch is one pass over the unlabeled images (each step: ratio x the batch of them
-        # beside a labeled batch), or over the labeled ones if those are more batches; the
-        # shorter side is cycled to as many batches.
-        import math
+        from project.data.unlabeled_stream import train_loaders
 
-        from project.data.unlabeled_stream import UnlabeledSampler
-
-        world, rank = self.world()
-        batch = self.batch_size * self.unlabeled.ratio
-        per_rank = (math.ceil(len(d) / world) for d in (self.train_set, self.datasets["unlabeled"]))
-        steps = max(math.ceil(n / b) for n, b in zip(per_rank, (self.batch_size, batch), strict=True))
-        sampler = UnlabeledSampler(len(self.datasets["unlabeled"]), steps * batch, self.run_seed(), world,
-                                   rank)
-        sampler.set_epoch(epoch_to_start(self.trainer))
-        return {"labeled": self.labeled_loader(steps * self.batch_size),
-                "unlabeled": self.loader(self.datasets["unlabeled"], sampler, batch)}
+        return train_loaders(self, epoch_to_start(self.trainer))
 
     def labeled_loader(self, draws: int | None = None) -> DataLoader:
         """The labeled images' loader: each once an epoch, or ``draws`` of them per rank (cycled)."""

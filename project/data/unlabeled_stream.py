@@ -5,19 +5,23 @@ from (seed, epoch) alone, so a resumed run sees the same images with the same au
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import torch
+from torch.utils.data import DataLoader
 
+from project.data.datasets import ImageDataset
 from project.data.samplers import SEED_RANGE, EpochSampler, epoch_seed
 from project.data.samples import Sample
 from project.data.transforms import Augmentation, train_transforms
 from project.data.unlabeled import Unlabeled
 from project.errors import ConfigError, require
 
+log = logging.getLogger(__name__)
 UNLABELED = -1  # the label of an image nobody labeled
 SEED_SALT = 7_919  # the unlabeled stream's draws differ from the labeled one's
 
@@ -90,3 +94,33 @@ class UnlabeledSampler(EpochSampler):
         return indices, torch.randint(0, SEED_RANGE, (self.total_size,), generator=g)
 
 
+
+
+def unlabeled_dataset(dm) -> ImageDataset:
+    """The data module's unlabeled images with their two views, decoded (and cached) as its
+    training images are; the run says so in one line."""
+    samples, side = dm.unlabeled_samples, dm.short_side("train")
+    dataset = ImageDataset(samples, view_transforms(dm.preprocessing, dm.augmentation),
+                           dm.make_cache(samples, "unlabeled", side), dm.hparams.on_bad_image,
+                           short_side=side)
+    if dm.world()[1] == 0:
+        u = dm.unlabeled
+        log.info("Unlabeled: %d images from %s; %s with %d per labeled image, threshold %g, weight %g "
+                 "(TensorBoard: train/unlabeled_above_threshold, train/pseudo_labels/*)",
+                 len(samples), u.images, u.method, u.ratio, u.threshold, u.weight)
+    return dataset
+
+
+def train_loaders(dm, epoch: int) -> dict[str, DataLoader]:
+    """The labeled and unlabeled loaders of a step each. An epoch is one pass over the unlabeled
+    images (``ratio x data.batch_size`` a step), or over the labeled ones if those take more
+    batches; the shorter side is cycled to as many."""
+    world, rank = dm.world()
+    batch = dm.batch_size * dm.unlabeled.ratio
+    unlabeled = dm.datasets["unlabeled"]
+    per_rank = (math.ceil(len(d) / world) for d in (dm.train_set, unlabeled))
+    steps = max(math.ceil(n / b) for n, b in zip(per_rank, (dm.batch_size, batch), strict=True))
+    sampler = UnlabeledSampler(len(unlabeled), steps * batch, dm.run_seed(), world, rank)
+    sampler.set_epoch(epoch)
+    return {"labeled": dm.labeled_loader(steps * dm.batch_size),
+            "unlabeled": dm.loader(unlabeled, sampler, batch)}

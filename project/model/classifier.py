@@ -184,14 +184,8 @@ class ImageClassifier(L.LightningModule):
         return loss
 
     def on_train_epoch_end(self) -> None:
-        if self.unlabeled_objective is None or not self.unlabeled_objective.stats.update_count:
-            return
-        stats = self.unlabeled_objective.stats
-        values = stats.compute()  # a collective under DDP: every rank computes
-        stats.reset()
-        self.log("train/unlabeled_above_threshold", values["above_threshold"])
-        self.log_dict({f"train/pseudo_labels/{name}": share
-                       for name, share in zip(self.class_names, values["shares"], strict=True)})
+        if self.unlabeled_objective is not None:
+            self.unlabeled_objective.log_epoch(self)
 
     def _eval_step(self, batch, metrics: nn.Module) -> None:
         if batch is not None:

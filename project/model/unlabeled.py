@@ -1,7 +1,8 @@
 """Learning from unlabeled images (``data.unlabeled``): an objective adds a loss on a batch of
 them to the labeled one. A new method is a class with this ``step`` plus one line in
 ``OBJECTIVES``; the task says whether it can learn so (``Task.learns_from_unlabeled``) and how
-a prediction becomes a pseudo-label (``Task.pseudo_labels``)."""
+a prediction becomes a pseudo-label (``Task.pseudo_labels``). ``log_epoch`` logs what the
+method wants to show once an epoch."""
 
 from __future__ import annotations
 
@@ -56,6 +57,16 @@ class FixMatch(nn.Module):
         self.stats.update(target, accepted)
         loss = (self.task.per_image_loss(on_strong, target) * accepted).mean()
         return labeled, self.weight * loss
+
+    def log_epoch(self, module) -> None:
+        """The epoch's pseudo-label statistics, summed over ranks (every rank calls it)."""
+        if not self.stats.update_count:
+            return
+        values = self.stats.compute()
+        self.stats.reset()
+        module.log("train/unlabeled_above_threshold", values["above_threshold"])
+        module.log_dict({f"train/pseudo_labels/{name}": share
+                         for name, share in zip(module.class_names, values["shares"], strict=True)})
 
 
 OBJECTIVES: dict[str, type[nn.Module]] = {"fixmatch": FixMatch}
