@@ -23,7 +23,7 @@ short of its plateau), float32 (faster than bf16 for this network at this size o
    (their true class plays the person's answer), through the labels table and ``suggest --add``.
    Val accuracy after each round, mean over the seeds.
 
-``--quick``: 2 epochs, one seed, 4 labels a class, one round of 10: that every part runs.
+``--quick``: 1 epoch, one seed, 4 labels a class, one round of 10: that every part runs.
 """
 
 from __future__ import annotations
@@ -215,10 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per_round", type=int, default=20)
     p.add_argument("--skip", nargs="*", default=[], choices=["semi", "rounds"])
     p.add_argument("--quick", action="store_true",
-                   help="2 epochs, one seed, 4 labels a class, one round of 10")
+                   help="1 epoch, one seed, 4 labels a class, one round of 10")
     a = p.parse_args(argv)
     if a.quick:
-        a.epochs, a.seeds, a.labels, a.rounds, a.per_round = 2, [0], [4], 1, 10
+        a.epochs, a.seeds, a.labels, a.rounds, a.per_round = 1, [0], [4], 1, 10
     torch.set_num_threads(os.cpu_count() or 1)
     print(f"digits at {a.size} px, {transfer.BACKBONE} with ImageNet weights, the template's defaults with "
           f"the characters preset, batch {a.batch}, {a.precision}, {a.epochs} epochs, seeds {a.seeds}, "
