@@ -23,7 +23,7 @@ short of its plateau), float32 (faster than bf16 for this network at this size o
    (their true class plays the person's answer), through the labels table and ``suggest --add``.
    Val accuracy after each round, mean over the seeds.
 
-``--quick``: 1 epoch, one seed, 4 labels a class, one round of 10: that every part runs.
+``--quick``: 1 epoch at 32 px, one seed, 4 labels a class, one round of 10: that every part runs.
 """
 
 from __future__ import annotations
@@ -113,7 +113,8 @@ def unlabeled_rows(table: Path) -> list[str]:
         return [r["image"] for r in csv.DictReader(f) if not r["label"]]
 
 
-def semi_supervised(a: argparse.Namespace, tmp: Path) -> str:
+def semi_supervised(a: argparse.Namespace, tmp: Path, supervised: dict) -> str:
+    """The first table; ``supervised`` gets {(k, seed): (val acc, run folder)} of the supervised runs."""
     rows, raw = [], {}
     for k in a.labels:
         result: dict[str, list[float]] = {n: [] for n in ("supervised", "semi", "t_sup", "t_semi", "steps")}
@@ -125,7 +126,8 @@ def semi_supervised(a: argparse.Namespace, tmp: Path) -> str:
         for seed in a.seeds:
             pool, _ = write_pool(tmp / f"pool{k}-{seed}", a.size, k, seed)
             table = pool / "labels.csv"
-            acc, t, _ = fit(pool, labeled_only(table), a, a.epochs, seed, tmp / f"sup{k}-{seed}")
+            acc, t, run = fit(pool, labeled_only(table), a, a.epochs, seed, tmp / f"sup{k}-{seed}")
+            supervised[k, seed] = acc, run
             result["supervised"].append(acc)
             result["t_sup"].append(t)
             if same_steps != a.epochs:
@@ -155,7 +157,7 @@ def semi_supervised(a: argparse.Namespace, tmp: Path) -> str:
                            "s/epoch supervised", "s/epoch semi", "ratio"], rows)
 
 
-def label_rounds(a: argparse.Namespace, tmp: Path) -> str:
+def label_rounds(a: argparse.Namespace, tmp: Path, supervised: dict) -> str:
     """From ``a.start`` labels per class: train, label ``a.per_round`` more (suggest's default
     strategy or random), train again; val accuracy after each round, per strategy and seed."""
     from project.checkpoints import load_model
@@ -168,8 +170,11 @@ def label_rounds(a: argparse.Namespace, tmp: Path) -> str:
             pool, truth = write_pool(tmp / f"rounds-{strategy}-{seed}", a.size, a.start, seed)
             table, curve = pool / "labels.csv", []
             for r in range(a.rounds + 1):
-                workdir = tmp / f"r{strategy}{seed}-{r}"
-                acc, _, run = fit(pool, labeled_only(table), a, a.epochs, seed, workdir)
+                if r == 0 and (a.start, seed) in supervised:  # the same labels and seed: the same run
+                    acc, run = supervised[a.start, seed]
+                else:
+                    workdir = tmp / f"r{strategy}{seed}-{r}"
+                    acc, _, run = fit(pool, labeled_only(table), a, a.epochs, seed, workdir)
                 curve.append(acc)
                 print(f"  {strategy}, seed {seed}, round {r}: {acc:.4f}", flush=True)
                 if r == a.rounds:
@@ -215,20 +220,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per_round", type=int, default=20)
     p.add_argument("--skip", nargs="*", default=[], choices=["semi", "rounds"])
     p.add_argument("--quick", action="store_true",
-                   help="1 epoch, one seed, 4 labels a class, one round of 10")
+                   help="1 epoch at 32 px, one seed, 4 labels a class, one round of 10")
     a = p.parse_args(argv)
     if a.quick:
-        a.epochs, a.seeds, a.labels, a.rounds, a.per_round = 1, [0], [4], 1, 10
+        a.epochs, a.seeds, a.labels, a.rounds, a.per_round, a.size = 1, [0], [4], 1, 10, 32
     torch.set_num_threads(os.cpu_count() or 1)
     print(f"digits at {a.size} px, {transfer.BACKBONE} with ImageNet weights, the template's defaults with "
           f"the characters preset, batch {a.batch}, {a.precision}, {a.epochs} epochs, seeds {a.seeds}, "
           f"{os.cpu_count()} CPU threads\n", flush=True)
+    supervised: dict = {}  # round 0 of the label rounds is part 1's supervised run
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         if "semi" not in a.skip:
-            print(semi_supervised(a, tmp) + "\n", flush=True)
+            print(semi_supervised(a, tmp, supervised) + "\n", flush=True)
         if "rounds" not in a.skip:
-            print(label_rounds(a, tmp), flush=True)
+            print(label_rounds(a, tmp, supervised), flush=True)
     return 0
 
 

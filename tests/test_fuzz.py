@@ -55,6 +55,8 @@ KINDS = {
     "data.seed": "int", "data.balanced_sampling": "bool", "data.cache": "choice",
     "data.cache_gb": "positive", "data.decode_side": "count", "data.on_bad_image": "choice",
     "data.extra_val": "folders",
+    "data.unlabeled.images": "folder", "data.unlabeled.method": "choice", "data.unlabeled.ratio": "count",
+    "data.unlabeled.threshold": "share", "data.unlabeled.weight": "positive",
 }
 # kind -> the bad values tried for it (as typed after `--key=`): wrong type, negative, zero, NaN,
 # huge, empty string; for paths the placeholders of files() (a missing path, a folder where a file
@@ -95,6 +97,7 @@ VALID = {
     ("data.prefetch_factor", "99999999999999999999"): "a worker prefetches at most the epoch's batches",
     ("data.decode_side", "99999999999999999999"): "decodes at full size, as data.decode_side=full",
     ("data.cache_gb", "1e400"): "no limit on the decoded-image cache",
+    ("data.unlabeled.ratio", "99999999999999999999"): "as data.batch_size: memory is the limit",
 }
 
 

@@ -26,11 +26,17 @@ class Unlabeled:
     weight: float = 1.0  # of the unlabeled loss beside the labeled one
 
     def check(self) -> Unlabeled:
+        require(self.images is None or bool(str(self.images).strip()), "data.unlabeled.images",
+                "must be a folder of images or the labels table (null: none)", self.images)
         require(isinstance(self.ratio, int) and self.ratio >= 1, "data.unlabeled.ratio",
                 "must be an integer >= 1", self.ratio)
         require(0 < self.threshold <= 1, "data.unlabeled.threshold", "must be in (0, 1]", self.threshold)
         require(0 <= self.weight < math.inf, "data.unlabeled.weight", "must be >= 0 (finite)", self.weight)
-        return self  # the method is checked by the model, which holds the objectives
+        if self.method != Unlabeled.method:  # the default needs no look-up; another must be known
+            from project.model.unlabeled import check_method
+
+            check_method(self.method)
+        return self
 
     def objective(self) -> dict | None:
         """What the model needs (linked into ``model.unlabeled``); None when off."""

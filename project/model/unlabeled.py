@@ -72,15 +72,19 @@ class FixMatch(nn.Module):
 OBJECTIVES: dict[str, type[nn.Module]] = {"fixmatch": FixMatch}
 
 
+def check_method(method: str) -> None:
+    if method not in OBJECTIVES:
+        raise ConfigError(f"data.unlabeled.method '{method}' is not known; choose from "
+                          f"{', '.join(OBJECTIVES)}")
+
+
 def make_objective(settings: dict | None, task) -> nn.Module | None:
     """The objective ``data.unlabeled`` asks for (linked in as ``model.unlabeled``), or None."""
     if not settings:
         return None
     settings = dict(settings)
     method = settings.pop("method", "fixmatch")
-    if method not in OBJECTIVES:
-        raise ConfigError(f"data.unlabeled.method '{method}' is not known; choose from "
-                          f"{', '.join(OBJECTIVES)}")
+    check_method(method)
     if not task.learns_from_unlabeled:
         raise ConfigError(f"data.unlabeled: a {task.name} task does not learn from unlabeled images (pseudo-"
                           "labels need one class per image); remove data.unlabeled.images")
