@@ -151,7 +151,8 @@ class FolderDataModule(L.LightningDataModule):
             return []
         from project.data.unlabeled_stream import unlabeled_samples
 
-        return unlabeled_samples(self.unlabeled, self.data_dir, self.hparams.labels)
+        hp = self.hparams
+        return unlabeled_samples(self.unlabeled, self.data_dir, hp.labels, self.unlabeled_from_table)
 
     @property
     def unlabeled_objective(self) -> dict | None:

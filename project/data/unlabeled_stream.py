@@ -26,14 +26,15 @@ UNLABELED = -1  # the label of an image nobody labeled
 SEED_SALT = 7_919  # the unlabeled stream's draws differ from the labeled one's
 
 
-def unlabeled_samples(settings: Unlabeled, data_dir: str, labels: str | None) -> list[Sample]:
+def unlabeled_samples(settings: Unlabeled, data_dir: str, labels: str | None,
+                      from_table: bool) -> list[Sample]:
     """The unlabeled images, checked now: a missing folder, an empty one, or a table without
-    empty-label rows fails in one line."""
+    empty-label rows fails in one line. ``from_table``: ``images`` names ``labels``."""
     from project.common.files import list_images
 
     where = Path(settings.images)
     if where.is_file():
-        require(labels is not None and where.resolve() == Path(labels).resolve(), "data.unlabeled.images",
+        require(from_table, "data.unlabeled.images",
                 "is a file: only the labels table (data.labels) can name unlabeled images, by rows "
                 "with an empty label; else give a folder of images", settings.images)
         from project.data.tables import read_table
@@ -73,7 +74,7 @@ def view_transforms(pre, aug: Augmentation | None):
 class UnlabeledSampler(EpochSampler):
     """``draws`` items per rank each epoch: rank r takes its own share of a seeded permutation of
     the unlabeled images (so no image goes to two ranks in one epoch), cycled when the epoch needs
-    more than the share holds. The steps follow the labeled loader's."""
+    more than the share holds (``train_loaders`` sizes an epoch)."""
 
     def __init__(self, num_items: int, draws: int, seed: int = 0, num_replicas: int = 1,
                  rank: int = 0) -> None:
