@@ -20,6 +20,7 @@ Tables: final val accuracy, wall time, time to a target accuracy; bf16 vs fp32; 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -138,8 +139,10 @@ def plain_train(train, val, num_outputs: int, epochs: int, seed: int, loss_fn, s
     return history
 
 
-def plain_loop(data: Path, size: int, epochs: int, seed: int) -> list[tuple[float, float]]:
-    """The minimal loop. Returns (elapsed seconds, val accuracy) after each epoch."""
+def plain_loop(data: Path, size: int, epochs: int, seed: int, lr: float | None = None
+               ) -> list[tuple[float, float]]:
+    """The minimal loop (at ``lr``, else the template's). Returns (elapsed seconds, val accuracy)
+    after each epoch."""
     train_tf, eval_tf = plain_transforms(size)
     train = datasets.ImageFolder(data / "train", train_tf)
     val = datasets.ImageFolder(data / "val", eval_tf)
@@ -147,14 +150,26 @@ def plain_loop(data: Path, size: int, epochs: int, seed: int) -> list[tuple[floa
     def accuracy(net: nn.Module, loader: DataLoader) -> float:
         return sum(int((net(x).argmax(1) == y).sum()) for x, y in loader) / len(val)
 
-    return plain_train(train, val, len(train.classes), epochs, seed, nn.functional.cross_entropy, accuracy)
+    return plain_train(train, val, len(train.classes), epochs, seed, nn.functional.cross_entropy, accuracy,
+                       settings=at_lr(lr))
 
 
-def plain_run(data: Path, size: int, epochs: int, seed: int) -> list[tuple[float, float]]:
+def at_lr(lr: float | None) -> dict:
+    """The template's settings, with another LR for an LR grid (``--lrs``)."""
+    return {**template_settings(), **({"lr": lr} if lr is not None else {})}
+
+
+def lr_args(lr: float | None) -> list[str]:
+    """The template's command-line override for the same LR."""
+    return [] if lr is None else [f"--model.lr={lr}"]
+
+
+def plain_run(data: Path, size: int, epochs: int, seed: int, lr: float | None = None
+              ) -> list[tuple[float, float]]:
     """The plain loop in its own process, timed from the process start like the template."""
     start = time.time()
     result = subprocess.run([sys.executable, "-m", "benchmarks.accuracy", "--plain", str(data),
-                             str(size), str(epochs), str(seed)], cwd=REPO, capture_output=True,
+                             str(size), str(epochs), str(seed), str(lr)], cwd=REPO, capture_output=True,
                             text=True, check=True)
     offset = time.time() - start - json.loads(result.stdout.splitlines()[-1])["elapsed"]
     return [(t + offset, acc) for t, acc in json.loads(result.stdout.splitlines()[-1])["history"]]
@@ -208,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--plain":  # the child process of plain_run
         data, size, epochs, seed = Path(argv[1]), *map(int, argv[2:5])
-        history = plain_loop(data, size, epochs, seed)
+        history = plain_loop(data, size, epochs, seed, None if argv[5] == "None" else float(argv[5]))
         print(json.dumps({"history": history, "elapsed": history[-1][0]}))
         return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -217,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", type=int, default=64)
     p.add_argument("--target", type=float, default=0.97)
     p.add_argument("--skip", nargs="*", default=[], choices=["precision", "transfer"])
+    p.add_argument("--lrs", type=float, nargs="*", default=[None],
+                   help="an LR grid: both sides at each (default: the template's LR)")
     a = p.parse_args(argv)
     torch.set_num_threads(os.cpu_count() or 1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -225,21 +242,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"digits: {sum(1 for _ in data.rglob('*.png'))} images, {a.size} px, resnet18 from "
               f"scratch, seeds {a.seeds}, {os.cpu_count()} CPU threads; {rule(template_settings())}\n")
         rows, raw = [], {}
-        for epochs in a.epochs:
+        for epochs, lr in itertools.product(a.epochs, a.lrs):
             for name in ("plain loop (fp32)", "template defaults"):
                 finals, walls, histories = [], [], []
                 for seed in a.seeds:
                     if name.startswith("plain"):
-                        h = plain_run(data, a.size, epochs, seed)
+                        h = plain_run(data, a.size, epochs, seed, lr)
                     else:
-                        h, _ = template_run(data, a.size, epochs, seed, tmp / f"t{epochs}-{seed}")
+                        h, _ = template_run(data, a.size, epochs, seed, tmp / f"t{epochs}-{lr}-{seed}",
+                                            *lr_args(lr))
                     finals.append(h[-1][1])
                     walls.append(h[-1][0])
                     histories.append(h)
-                raw[f"{name} {epochs}"] = histories
-                rows.append([name, epochs, mean_sd(finals), f"{statistics.mean(walls):.0f} s",
-                             time_to(histories[0], a.target)])
-        print(table(["run", "epochs", "val acc", "wall", f"time to {a.target:.0%}"], rows))
+                raw[f"{name} {epochs} {lr}"] = histories
+                rows.append([name, epochs, at_lr(lr)["lr"], mean_sd(finals),
+                             f"{statistics.mean(walls):.0f} s", time_to(histories[0], a.target)])
+                print(rows[-1], flush=True)
+        print(table(["run", "epochs", "LR", "val acc", "wall", f"time to {a.target:.0%}"], rows))
 
         if "precision" not in a.skip:
             epochs = max(a.epochs)

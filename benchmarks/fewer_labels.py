@@ -48,6 +48,7 @@ PRESETS = ("characters",)
 ALL = 10_000  # labels per class that keep every training image labeled
 TRAIN = 1438  # training images of the split
 RATIO = 7  # data.unlabeled.ratio's default
+SCRATCH = "resnet18"  # --scratch: from random weights, with the scratch preset
 
 
 def write_pool(out: Path, size: int, per_class: int, seed: int) -> tuple[Path, dict[str, int]]:
@@ -98,10 +99,12 @@ def labeled_only(table: Path) -> Path:
 def fit(pool: Path, table: Path, a: argparse.Namespace, epochs: int, seed: int, workdir: Path,
         *extra: str) -> tuple[float, float, Path]:
     """(final val acc, seconds per epoch after the first, run folder) of the template on a table."""
-    args = [f"--data.data_dir={pool}", f"--data.labels={table}", f"--model.backbone={transfer.BACKBONE}",
-            f"--model.weights={transfer.weights_file()}", f"--data.batch_size={a.batch}",
+    network = ([f"--model.backbone={SCRATCH}"] if a.scratch else
+               [f"--model.backbone={transfer.BACKBONE}", f"--model.weights={transfer.weights_file()}"])
+    args = [f"--data.data_dir={pool}", f"--data.labels={table}", *network, f"--data.batch_size={a.batch}",
             f"--trainer.precision={a.precision}", *extra]
-    history, run = accuracy.template_run(pool, a.size, epochs, seed, workdir, *args, presets=PRESETS)
+    presets = (*PRESETS, "scratch") if a.scratch else PRESETS
+    history, run = accuracy.template_run(pool, a.size, epochs, seed, workdir, *args, presets=presets)
     if len(history) != epochs:
         raise RuntimeError(f"val/acc logged for {len(history)} epochs, expected {epochs}: {run}")
     per_epoch = (history[-1][0] - history[0][0]) / (epochs - 1) if epochs > 1 else history[0][0]
@@ -219,14 +222,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--start", type=int, default=4, help="labels per class before the first round")
     p.add_argument("--per_round", type=int, default=20)
     p.add_argument("--skip", nargs="*", default=[], choices=["semi", "rounds"])
+    p.add_argument("--scratch", action="store_true",
+                   help=f"{SCRATCH} from random weights (scratch preset) instead of ImageNet's")
     p.add_argument("--quick", action="store_true",
                    help="1 epoch at 32 px, one seed, 4 labels a class, one round of 10")
     a = p.parse_args(argv)
     if a.quick:
         a.epochs, a.seeds, a.labels, a.rounds, a.per_round, a.size = 1, [0], [4], 1, 10, 32
     torch.set_num_threads(os.cpu_count() or 1)
-    print(f"digits at {a.size} px, {transfer.BACKBONE} with ImageNet weights, the template's defaults with "
-          f"the characters preset, batch {a.batch}, {a.precision}, {a.epochs} epochs, seeds {a.seeds}, "
+    network = f"{SCRATCH} from random weights" if a.scratch else f"{transfer.BACKBONE} with ImageNet weights"
+    presets = ", ".join((*PRESETS, "scratch") if a.scratch else PRESETS)
+    print(f"digits at {a.size} px, {network}, the template's defaults with the presets {presets}, "
+          f"batch {a.batch}, {a.precision}, {a.epochs} epochs, seeds {a.seeds}, "
           f"{os.cpu_count()} CPU threads\n", flush=True)
     supervised: dict = {}  # round 0 of the label rounds is part 1's supervised run
     with tempfile.TemporaryDirectory() as tmp:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 import os
 import statistics
@@ -33,7 +34,15 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from benchmarks import accuracy
-from benchmarks.accuracy import mean_sd, plain_train, plain_transforms, rule, template_settings
+from benchmarks.accuracy import (
+    at_lr,
+    lr_args,
+    mean_sd,
+    plain_train,
+    plain_transforms,
+    rule,
+    template_settings,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 DIGITS = [str(d) for d in range(10)]
@@ -94,7 +103,7 @@ def mean_ap(probs: torch.Tensor, targets: torch.Tensor) -> float:
     return float(multilabel_average_precision(probs, targets.int(), len(DIGITS), average="macro"))
 
 
-def plain_loop(data: Path, size: int, epochs: int, seed: int) -> list[dict]:
+def plain_loop(data: Path, size: int, epochs: int, seed: int, lr: float | None = None) -> list[dict]:
     """The plain loop of ``benchmarks/accuracy.py`` with BCE: (elapsed, mAP, exact match) per epoch."""
     train_tf, eval_tf = plain_transforms(size)
     train, val = Mosaics(data, "train", train_tf), Mosaics(data, "val", eval_tf)
@@ -104,15 +113,15 @@ def plain_loop(data: Path, size: int, epochs: int, seed: int) -> list[dict]:
         return {"map": mean_ap(p, t), "exact": float(((p >= 0.5).float() == t).all(1).float().mean())}
 
     history = plain_train(train, val, len(DIGITS), epochs, seed,
-                          nn.functional.binary_cross_entropy_with_logits, score)
+                          nn.functional.binary_cross_entropy_with_logits, score, settings=at_lr(lr))
     return [{"elapsed": t, **scores} for t, scores in history]
 
 
-def plain_run(data: Path, size: int, epochs: int, seed: int) -> dict:
+def plain_run(data: Path, size: int, epochs: int, seed: int, lr: float | None = None) -> dict:
     """The plain loop in its own process, its wall time from the process start, as the template's."""
     start = time.time()
     result = subprocess.run([sys.executable, "-m", "benchmarks.multilabel", "--plain", str(data),
-                             str(size), str(epochs), str(seed)], cwd=REPO, capture_output=True,
+                             str(size), str(epochs), str(seed), str(lr)], cwd=REPO, capture_output=True,
                             text=True, check=True)
     return {**json.loads(result.stdout.splitlines()[-1])[-1], "elapsed": time.time() - start}
 
@@ -138,6 +147,14 @@ VARIANTS = {
     # the three that each cost about a point, together: do they add up to the gap?
     "crop 1.0, no warmup, EMA off": ["--model.input.crop_ratio=1.0",
                                      "--model.scheduler.init_args.warmup_epochs=0", "--config={no_ema}"],
+    # the same, with the plain loop's LR area (its per-epoch cosine averages 2/3 of the LR over
+    # 3 epochs, a per-step one 1/2), and in float32
+    "crop 1.0, no warmup, EMA off, LR 0.075": ["--model.input.crop_ratio=1.0", "--model.lr=0.075",
+                                               "--model.scheduler.init_args.warmup_epochs=0",
+                                               "--config={no_ema}"],
+    "crop 1.0, no warmup, EMA off, fp32": ["--model.input.crop_ratio=1.0", "--trainer.precision=32-true",
+                                           "--model.scheduler.init_args.warmup_epochs=0",
+                                           "--config={no_ema}"],
 }
 
 
@@ -169,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--plain":  # the child process of plain_run
         data, size, epochs, seed = Path(argv[1]), *map(int, argv[2:5])
-        print(json.dumps(plain_loop(data, size, epochs, seed)))
+        print(json.dumps(plain_loop(data, size, epochs, seed, None if argv[5] == "None" else float(argv[5]))))
         return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--epochs", type=int, nargs="+", default=[3, 10])
@@ -180,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", nargs="*", default=[], choices=list(VARIANTS),
                    help="template rows with one change each (at the fewest epochs)")
     p.add_argument("--no-int8", action="store_true", help="skip the INT8 export check")
+    p.add_argument("--lrs", type=float, nargs="*", default=[None],
+                   help="an LR grid: both sides at each (default: the template's LR)")
     a = p.parse_args(argv)
     if a.quick:
         a.epochs, a.seeds, a.size, a.train = [1], [0], 32, 64
@@ -188,15 +207,17 @@ def main(argv: list[str] | None = None) -> int:
         data = write_mosaics(Path(tmp) / "mosaics", a.size, a.train, max(32, a.train * 4 // 15))
         print(f"digit mosaics: {a.train} training images, {a.size} px, 10 labels, resnet18 from "
               f"scratch, seeds {a.seeds}, {os.cpu_count()} CPU threads; {rule(template_settings())}\n")
-        lines = ["| run | epochs | val mAP | exact match | wall (s) |", "|---|---|---|---|---|"]
-        for epochs in a.epochs:
+        lines = ["| run | epochs | LR | val mAP | exact match | wall (s) |", "|---|---|---|---|---|---|"]
+        for epochs, lr in itertools.product(a.epochs, a.lrs):
             for name in ("plain loop (BCE, fp32)", "template defaults"):
-                results = [plain_run(data, a.size, epochs, s) if name.startswith("plain")
-                           else template_run(data, a.size, epochs, s, Path(tmp) / f"t{epochs}-{s}")
+                results = [plain_run(data, a.size, epochs, s, lr) if name.startswith("plain")
+                           else template_run(data, a.size, epochs, s, Path(tmp) / f"t{epochs}-{lr}-{s}",
+                                             *lr_args(lr))
                            for s in a.seeds]
                 if "run" in results[0]:
                     longest = results[0]["run"]  # the template's run of the most epochs, first seed
-                lines.append(f"| {name} | {epochs} | {mean_sd([r['map'] for r in results])} | "
+                lines.append(f"| {name} | {epochs} | {at_lr(lr)['lr']} | "
+                             f"{mean_sd([r['map'] for r in results])} | "
                              f"{mean_sd([r['exact'] for r in results])} | "
                              f"{statistics.mean(r['elapsed'] for r in results):.0f} |")
                 print(lines[-1], flush=True)
@@ -206,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             epochs = min(a.epochs)
             results = [template_run(data, a.size, epochs, s, Path(tmp) / f"v{variant}-{s}".replace(" ", "_"),
                                     *extra) for s in a.seeds]
-            lines.append(f"| template, {variant} | {epochs} | {mean_sd([r['map'] for r in results])} | "
+            lines.append(f"| template, {variant} | {epochs} | | {mean_sd([r['map'] for r in results])} | "
                          f"{mean_sd([r['exact'] for r in results])} | "
                          f"{statistics.mean(r['elapsed'] for r in results):.0f} |")
             print(lines[-1], flush=True)
