@@ -152,6 +152,12 @@ VARIANTS = {
     "crop 1.0, no warmup, EMA off, LR 0.075": ["--model.input.crop_ratio=1.0", "--model.lr=0.075",
                                                "--model.scheduler.init_args.warmup_epochs=0",
                                                "--config={no_ema}"],
+    # the plain loop's cosine moves once an epoch (as timm's and torchvision's): so does this one
+    "cosine per epoch": ["--model.scheduler.init_args.cosine_interval=epoch"],
+    "cosine per epoch, EMA off": ["--model.scheduler.init_args.cosine_interval=epoch", "--config={no_ema}"],
+    "cosine per epoch, no warmup, EMA off": ["--model.scheduler.init_args.cosine_interval=epoch",
+                                             "--model.scheduler.init_args.warmup_epochs=0",
+                                             "--config={no_ema}"],
     "crop 1.0, no warmup, EMA off, fp32": ["--model.input.crop_ratio=1.0", "--trainer.precision=32-true",
                                            "--model.scheduler.init_args.warmup_epochs=0",
                                            "--config={no_ema}"],
