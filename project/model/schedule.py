@@ -38,13 +38,14 @@ def global_batch_size(batch_size: int, devices: int, num_nodes: int, accumulate:
 def warmup_cosine(warmup_steps: int, total_steps: int, start_factor: float,
                   end_factor: float = 0.0, steps_per_epoch: int | None = None) -> Callable[[int], float]:
     """The LR factor at a step: linear from ``start_factor`` to 1, then a half cosine; with
-    ``steps_per_epoch`` the cosine moves once an epoch (timm's and torchvision's default)."""
+    ``steps_per_epoch`` the cosine moves once an epoch (timm's and torchvision's default), except
+    in a run of one epoch (or bounded by steps alone), where it moves every step."""
     warmup_steps = max(0, min(warmup_steps, total_steps))
 
     def factor(step: int) -> float:
         if step < warmup_steps:
             return start_factor + (1.0 - start_factor) * step / warmup_steps
-        if steps_per_epoch:  # the cosine of the epoch's start over the run's epochs
+        if steps_per_epoch and total_steps > steps_per_epoch:  # the cosine at the epoch's start
             epochs = max(1, math.ceil(total_steps / steps_per_epoch))
             progress = min(1.0, (step // steps_per_epoch) / epochs)
         else:
