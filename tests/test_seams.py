@@ -131,8 +131,10 @@ def test_predict_infer_and_serve_give_equal_rows_for_equal_options(trained_run, 
         assert a["predicted"] == b["predicted"] == c["predicted"] and "top3" not in a and "top3" not in b
         assert a["unsure"] == b["unsure"] == str(c["unsure"])
         assert list(a) == list(b) and set(a) == set(c)
+        # one batch of eight (predict, infer.py) against one image at a time (serve): the same
+        # numbers up to the float rounding of another batch shape
         assert float(a["top1_prob"]) == pytest.approx(float(b["top1_prob"]), abs=1e-5)
-        assert a["top1_prob"] == c["top1_prob"]
+        assert float(a["top1_prob"]) == pytest.approx(float(c["top1_prob"]), abs=1e-5)
 
 
 def test_an_extra_validation_set_is_logged_apart_and_never_averaged_into_val(tiny_data, tmp_path, capsys):
