@@ -158,6 +158,7 @@ VARIANTS = {
     "cosine per epoch, no warmup, EMA off": ["--model.scheduler.init_args.cosine_interval=epoch",
                                              "--model.scheduler.init_args.warmup_epochs=0",
                                              "--config={no_ema}"],
+    "warmup 1 epoch": ["--model.scheduler.init_args.warmup_epochs=1"],
     "crop 1.0, no warmup, EMA off, fp32": ["--model.input.crop_ratio=1.0", "--trainer.precision=32-true",
                                            "--model.scheduler.init_args.warmup_epochs=0",
                                            "--config={no_ema}"],
@@ -203,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", nargs="*", default=[], choices=list(VARIANTS),
                    help="template rows with one change each (at the fewest epochs)")
     p.add_argument("--no-int8", action="store_true", help="skip the INT8 export check")
+    p.add_argument("--variants-only", action="store_true", help="only the --variants rows")
     p.add_argument("--lrs", type=float, nargs="*", default=[None],
                    help="an LR grid: both sides at each (default: the template's LR)")
     a = p.parse_args(argv)
@@ -214,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"digit mosaics: {a.train} training images, {a.size} px, 10 labels, resnet18 from "
               f"scratch, seeds {a.seeds}, {os.cpu_count()} CPU threads; {rule(template_settings())}\n")
         lines = ["| run | epochs | LR | val mAP | exact match | wall (s) |", "|---|---|---|---|---|---|"]
-        for epochs, lr in itertools.product(a.epochs, a.lrs):
+        for epochs, lr in itertools.product([] if a.variants_only else a.epochs, a.lrs):
             for name in ("plain loop (BCE, fp32)", "template defaults"):
                 results = [plain_run(data, a.size, epochs, s, lr) if name.startswith("plain")
                            else template_run(data, a.size, epochs, s, Path(tmp) / f"t{epochs}-{lr}-{s}",
@@ -238,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"{statistics.mean(r['elapsed'] for r in results):.0f} |")
             print(lines[-1], flush=True)
         print("\n" + "\n".join(lines))
-        if a.no_int8:
+        if a.no_int8 or a.variants_only:
             return 0
         maps = int8_map(longest, Path(tmp) / "int8")
         print(f"\nExported ({max(a.epochs)} epochs, seed {a.seeds[0]}): validation mAP "
