@@ -101,14 +101,14 @@ def plain_run(data: Path, size: int, epochs: int, seed: int, weights: Path) -> l
 
 
 def run_row(name: str, data: Path, size: int, epochs: int, seed: int, weights: Path,
-            workdir: Path) -> list[tuple[float, float]]:
+            workdir: Path, *variant: str) -> list[tuple[float, float]]:
     if name == PLAIN:
         return plain_run(data, size, epochs, seed, weights)
     if name == PRETRAINED:
         extra, presets = [f"--model.backbone={BACKBONE}", f"--model.weights={weights}"], FINETUNE
     else:
         extra, presets = [f"--model.backbone={BACKBONE}", "--model.weights=null"], (*FINETUNE, "scratch")
-    history, _ = accuracy.template_run(data, size, epochs, seed, workdir, *extra, presets=presets)
+    history, _ = accuracy.template_run(data, size, epochs, seed, workdir, *extra, *variant, presets=presets)
     if len(history) != epochs:
         raise RuntimeError(f"{name}: val/acc logged for {len(history)} epochs, expected {epochs}")
     return history
@@ -128,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", nargs="+", default=["few", "full"], choices=["few", "full"])
     p.add_argument("--quick", action="store_true",
                    help="1 epoch, 1 seed, 32 px, the few-image set: that it runs")
+    p.add_argument("--variants", nargs="*", default=[], metavar="ARGS",
+                   help="extra template rows from ImageNet weights, each with these settings, e.g. "
+                        "'--trainer.precision=32-true --model.scheduler.init_args.warmup_epochs=0'")
     a = p.parse_args(argv)
     if a.quick:
         a.epochs, a.seeds, a.sizes, a.data = 1, [0], [32], ["few"]
@@ -151,6 +154,14 @@ def main(argv: list[str] | None = None) -> int:
                     histories = [run_row(name, data, size, a.epochs, seed, weights,
                                          tmp / f"{kind}-{size}-{len(rows)}-{seed}") for seed in a.seeds]
                     rows.append([kind, size, name, a.epochs, accuracy.mean_sd([h[-1][1] for h in histories]),
+                                 f"{statistics.mean(h[-1][0] for h in histories):.0f} s"])
+                    print(accuracy.table(headers, rows[-1:]).splitlines()[-1], flush=True)
+                for variant in a.variants:
+                    histories = [run_row(PRETRAINED, data, size, a.epochs, seed, weights,
+                                         tmp / f"{kind}-{size}-{len(rows)}-{seed}", *variant.split())
+                                 for seed in a.seeds]
+                    rows.append([kind, size, f"{PRETRAINED}, {variant}", a.epochs,
+                                 accuracy.mean_sd([h[-1][1] for h in histories]),
                                  f"{statistics.mean(h[-1][0] for h in histories):.0f} s"])
                     print(accuracy.table(headers, rows[-1:]).splitlines()[-1], flush=True)
     print("\n" + accuracy.table(headers, rows))
