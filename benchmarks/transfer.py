@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", nargs="*", default=[], metavar="ARGS",
                    help="extra template rows from ImageNet weights, each with these settings, e.g. "
                         "'--trainer.precision=32-true --model.scheduler.init_args.warmup_epochs=0'")
+    p.add_argument("--variants-only", action="store_true", help="only the --variants rows")
     a = p.parse_args(argv)
     if a.quick:
         a.epochs, a.seeds, a.sizes, a.data = 1, [0], [32], ["few"]
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             for size in a.sizes:
                 data = accuracy.write_digits(tmp / f"{kind}-{size}", size,
                                              train_per_class=FEW if kind == "few" else None)
-                for name in (PRETRAINED, RANDOM, PLAIN):
+                for name in () if a.variants_only else (PRETRAINED, RANDOM, PLAIN):
                     histories = [run_row(name, data, size, a.epochs, seed, weights,
                                          tmp / f"{kind}-{size}-{len(rows)}-{seed}") for seed in a.seeds]
                     rows.append([kind, size, name, a.epochs, accuracy.mean_sd([h[-1][1] for h in histories]),
