@@ -129,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true",
                    help="1 epoch, 1 seed, 32 px, the few-image set: that it runs")
     p.add_argument("--variants", nargs="*", default=[], metavar="ARGS",
-                   help="extra template rows from ImageNet weights, each with these settings, e.g. "
-                        "'--trainer.precision=32-true --model.scheduler.init_args.warmup_epochs=0'")
+                   help="extra template rows from ImageNet weights, each with these settings (without "
+                        "the leading --), e.g. 'trainer.precision=32-true model.input.crop_ratio=1.0'")
     p.add_argument("--variants-only", action="store_true", help="only the --variants rows")
     a = p.parse_args(argv)
     if a.quick:
@@ -159,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(accuracy.table(headers, rows[-1:]).splitlines()[-1], flush=True)
                 for variant in a.variants:
                     histories = [run_row(PRETRAINED, data, size, a.epochs, seed, weights,
-                                         tmp / f"{kind}-{size}-{len(rows)}-{seed}", *variant.split())
+                                         tmp / f"{kind}-{size}-{len(rows)}-{seed}",
+                                         *(f"--{arg}" for arg in variant.split()))
                                  for seed in a.seeds]
                     rows.append([kind, size, f"{PRETRAINED}, {variant}", a.epochs,
                                  accuracy.mean_sd([h[-1][1] for h in histories]),
