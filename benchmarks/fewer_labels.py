@@ -23,6 +23,8 @@ short of its plateau), float32 (faster than bf16 for this network at this size o
    (their true class plays the person's answer), through the labels table and ``suggest --add``.
    Val accuracy after each round, mean over the seeds.
 
+``--scratch``: resnet18 from random weights with the scratch preset instead (with 20 labels a
+class it still reached 92 % supervised at 30 epochs: digits leave little room either way).
 ``--quick``: 1 epoch at 32 px, one seed, 4 labels a class, one round of 10: that every part runs.
 """
 
