@@ -40,7 +40,7 @@ KINDS = {
     "model.scheduler.init_args.warmup_start_factor": "share",
     "model.scheduler.init_args.end_factor": "share", "model.scheduler.init_args.max_warmup_share": "share",
     "model.scheduler.init_args.total_steps": "count", "model.scheduler.init_args.steps_per_epoch": "count",
-    "model.scheduler.init_args.last_epoch": "int",
+    "model.scheduler.init_args.last_epoch": "int", "model.scheduler.init_args.cosine_interval": "choice",
     "model.lr": "positive", "model.head_lr_mult": "positive", "model.layer_decay": "share",
     "model.lr_scaling": "choice", "model.base_batch_size": "count", "model.label_smoothing": "share",
     "model.mixup_alpha": "positive", "model.cutmix_alpha": "positive", "model.class_weights": "floats",
