@@ -107,13 +107,13 @@ def test_a_resume_at_an_epoch_boundary_is_bit_exact(tiny_data, tmp_path, schedul
 
 def test_cosine_interval_epoch_holds_the_lr_through_each_epoch(tiny_data, tmp_path):
     """``model.scheduler.init_args.cosine_interval: epoch`` from the command line: the logged LR
-    changes at epoch starts only (3 steps an epoch, 3 epochs: 1, 0.75, 0.25 of the LR); a
+    changes at epoch starts only (2 steps an epoch, 3 epochs: 1, 0.75, 0.25 of the LR); a
     misspelling fails in one line."""
-    args = fit_args(tiny_data, "--trainer.limit_train_batches=3", "--trainer.limit_val_batches=1",
+    args = fit_args(tiny_data, "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1",
                     "--model.scheduler.init_args.warmup_epochs=0", epochs=3)
     assert cli(["fit", *args, "--model.scheduler.init_args.cosine_interval=epoch"], tmp_path) == 0
     lrs = [v for _, v in scalars(only_run(tmp_path / "logs"))["train/lr"]]
-    assert lrs == pytest.approx([0.01] * 3 + [0.0075] * 3 + [0.0025] * 3)
+    assert lrs == pytest.approx([0.01] * 2 + [0.0075] * 2 + [0.0025] * 2)
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     with pytest.raises(ConfigError, match="model.scheduler.cosine_interval"):
         WarmupCosine(opt, cosine_interval="epochs", total_steps=10, steps_per_epoch=5)
