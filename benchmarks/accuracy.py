@@ -159,6 +159,11 @@ def at_lr(lr: float | None) -> dict:
     return {**template_settings(), **({"lr": lr} if lr is not None else {})}
 
 
+def lr_from_argv(text: str) -> float | None:
+    """The LR a plain loop's child process gets (``str(lr)`` of ``at_lr``'s argument)."""
+    return None if text == "None" else float(text)
+
+
 def lr_args(lr: float | None) -> list[str]:
     """The template's command-line override for the same LR."""
     return [] if lr is None else [f"--model.lr={lr}"]
@@ -223,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--plain":  # the child process of plain_run
         data, size, epochs, seed = Path(argv[1]), *map(int, argv[2:5])
-        history = plain_loop(data, size, epochs, seed, None if argv[5] == "None" else float(argv[5]))
+        history = plain_loop(data, size, epochs, seed, lr_from_argv(argv[5]))
         print(json.dumps({"history": history, "elapsed": history[-1][0]}))
         return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -242,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"digits: {sum(1 for _ in data.rglob('*.png'))} images, {a.size} px, resnet18 from "
               f"scratch, seeds {a.seeds}, {os.cpu_count()} CPU threads; {rule(template_settings())}\n")
         rows, raw = [], {}
+        headers = ["run", "epochs", "LR", "val acc", "wall", f"time to {a.target:.0%}"]
         for epochs, lr in itertools.product(a.epochs, a.lrs):
             for name in ("plain loop (fp32)", "template defaults"):
                 finals, walls, histories = [], [], []
@@ -257,8 +263,8 @@ def main(argv: list[str] | None = None) -> int:
                 raw[f"{name} {epochs} {lr}"] = histories
                 rows.append([name, epochs, at_lr(lr)["lr"], mean_sd(finals),
                              f"{statistics.mean(walls):.0f} s", time_to(histories[0], a.target)])
-                print(rows[-1], flush=True)
-        print(table(["run", "epochs", "LR", "val acc", "wall", f"time to {a.target:.0%}"], rows))
+                print(table(headers, rows[-1:]).splitlines()[-1], flush=True)
+        print(table(headers, rows))
 
         if "precision" not in a.skip:
             epochs = max(a.epochs)

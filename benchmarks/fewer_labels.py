@@ -105,12 +105,15 @@ def fit(pool: Path, table: Path, a: argparse.Namespace, epochs: int, seed: int, 
                [f"--model.backbone={transfer.BACKBONE}", f"--model.weights={transfer.weights_file()}"])
     args = [f"--data.data_dir={pool}", f"--data.labels={table}", *network, f"--data.batch_size={a.batch}",
             f"--trainer.precision={a.precision}", *extra]
-    presets = (*PRESETS, "scratch") if a.scratch else PRESETS
-    history, run = accuracy.template_run(pool, a.size, epochs, seed, workdir, *args, presets=presets)
+    history, run = accuracy.template_run(pool, a.size, epochs, seed, workdir, *args, presets=presets(a))
     if len(history) != epochs:
         raise RuntimeError(f"val/acc logged for {len(history)} epochs, expected {epochs}: {run}")
     per_epoch = (history[-1][0] - history[0][0]) / (epochs - 1) if epochs > 1 else history[0][0]
     return history[-1][1], per_epoch, run
+
+
+def presets(a: argparse.Namespace) -> tuple[str, ...]:
+    return (*PRESETS, "scratch") if a.scratch else PRESETS
 
 
 def unlabeled_rows(table: Path) -> list[str]:
@@ -233,8 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         a.epochs, a.seeds, a.labels, a.rounds, a.per_round, a.size = 1, [0], [4], 1, 10, 32
     torch.set_num_threads(os.cpu_count() or 1)
     network = f"{SCRATCH} from random weights" if a.scratch else f"{transfer.BACKBONE} with ImageNet weights"
-    presets = ", ".join((*PRESETS, "scratch") if a.scratch else PRESETS)
-    print(f"digits at {a.size} px, {network}, the template's defaults with the presets {presets}, "
+    print(f"digits at {a.size} px, {network}, the template's defaults with the presets "
+          f"{', '.join(presets(a))}, "
           f"batch {a.batch}, {a.precision}, {a.epochs} epochs, seeds {a.seeds}, "
           f"{os.cpu_count()} CPU threads\n", flush=True)
     supervised: dict = {}  # round 0 of the label rounds is part 1's supervised run

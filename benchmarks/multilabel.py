@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--plain":  # the child process of plain_run
         data, size, epochs, seed = Path(argv[1]), *map(int, argv[2:5])
-        print(json.dumps(plain_loop(data, size, epochs, seed, None if argv[5] == "None" else float(argv[5]))))
+        print(json.dumps(plain_loop(data, size, epochs, seed, accuracy.lr_from_argv(argv[5]))))
         return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--epochs", type=int, nargs="+", default=[3, 10])

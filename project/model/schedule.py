@@ -46,8 +46,7 @@ def warmup_cosine(warmup_steps: int, total_steps: int, start_factor: float,
         if step < warmup_steps:
             return start_factor + (1.0 - start_factor) * step / warmup_steps
         if steps_per_epoch and total_steps > steps_per_epoch:  # the cosine at the epoch's start
-            epochs = max(1, math.ceil(total_steps / steps_per_epoch))
-            progress = min(1.0, (step // steps_per_epoch) / epochs)
+            progress = min(1.0, (step // steps_per_epoch) / math.ceil(total_steps / steps_per_epoch))
         else:
             progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
         return end_factor + (1.0 - end_factor) * 0.5 * (1.0 + math.cos(math.pi * progress))
