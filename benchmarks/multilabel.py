@@ -140,42 +140,17 @@ def template_run(data: Path, size: int, epochs: int, seed: int, workdir: Path, *
 
 
 # One change at a time against the template's defaults (``--variants``), to find what a gap costs.
+EMA_PRESET = str(REPO / "configs/presets/ema.yaml")
 VARIANTS = {
-    "eval crop_ratio 1.0": ["--model.input.crop_ratio=1.0"],
     "fp32": ["--trainer.precision=32-true"],
     "no warmup": ["--model.scheduler.init_args.warmup_epochs=0"],
-    "EMA off": ["--config={no_ema}"],
-    # the three that each cost about a point, together: do they add up to the gap?
-    "crop 1.0, no warmup, EMA off": ["--model.input.crop_ratio=1.0",
-                                     "--model.scheduler.init_args.warmup_epochs=0", "--config={no_ema}"],
-    # the same, with the plain loop's LR area (its per-epoch cosine averages 2/3 of the LR over
-    # 3 epochs, a per-step one 1/2), and in float32
-    "crop 1.0, no warmup, EMA off, LR 0.075": ["--model.input.crop_ratio=1.0", "--model.lr=0.075",
-                                               "--model.scheduler.init_args.warmup_epochs=0",
-                                               "--config={no_ema}"],
-    # the plain loop's cosine moves once an epoch (as timm's and torchvision's): so does this one
-    "cosine per epoch": ["--model.scheduler.init_args.cosine_interval=epoch"],
-    "cosine per epoch, EMA off": ["--model.scheduler.init_args.cosine_interval=epoch", "--config={no_ema}"],
-    "cosine per epoch, no warmup, EMA off": ["--model.scheduler.init_args.cosine_interval=epoch",
-                                             "--model.scheduler.init_args.warmup_epochs=0",
-                                             "--config={no_ema}"],
     "warmup 1 epoch": ["--model.scheduler.init_args.warmup_epochs=1"],
-    "crop 1.0, no warmup, EMA off, fp32": ["--model.input.crop_ratio=1.0", "--trainer.precision=32-true",
-                                           "--model.scheduler.init_args.warmup_epochs=0",
-                                           "--config={no_ema}"],
+    "EMA on": [f"--config={EMA_PRESET}"],
+    # the plain loop's cosine moves once an epoch (as timm's and torchvision's)
+    "cosine per epoch": ["--model.scheduler.init_args.cosine_interval=epoch"],
+    "cosine per epoch, no warmup": ["--model.scheduler.init_args.cosine_interval=epoch",
+                                    "--model.scheduler.init_args.warmup_epochs=0"],
 }
-
-
-def without_ema(workdir: Path) -> Path:
-    """A config holding train.yaml's callbacks less the EMA (a list is replaced, not merged)."""
-    import yaml
-
-    callbacks = yaml.safe_load((REPO / "configs/train.yaml").read_text())["trainer"]["callbacks"]
-    path = workdir / "no_ema.yaml"
-    workdir.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump({"trainer": {"callbacks": [
-        c for c in callbacks if not c["class_path"].endswith(".EMA")]}}))
-    return path
 
 
 def int8_map(run: Path, workdir: Path) -> dict:
@@ -230,9 +205,8 @@ def main(argv: list[str] | None = None) -> int:
                              f"{mean_sd([r['exact'] for r in results])} | "
                              f"{statistics.mean(r['elapsed'] for r in results):.0f} |")
                 print(lines[-1], flush=True)
-        no_ema = without_ema(Path(tmp))
         for variant in a.variants:
-            extra = [arg.format(no_ema=no_ema) for arg in VARIANTS[variant]]
+            extra = VARIANTS[variant]
             epochs = min(a.epochs)
             results = [template_run(data, a.size, epochs, s, Path(tmp) / f"v{variant}-{s}".replace(" ", "_"),
                                     *extra) for s in a.seeds]
