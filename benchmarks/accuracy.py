@@ -239,6 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", nargs="*", default=[], choices=["precision", "transfer"])
     p.add_argument("--lrs", type=float, nargs="*", default=[None],
                    help="an LR grid: both sides at each (default: the template's LR)")
+    p.add_argument("--variants", nargs="*", default=[], metavar="ARGS",
+                   help="extra template rows, each with these settings (without the leading --), "
+                        "e.g. 'model.scheduler.init_args.warmup_epochs=0 trainer.precision=32-true'")
+    p.add_argument("--variants-only", action="store_true", help="only the --variants rows")
     a = p.parse_args(argv)
     torch.set_num_threads(os.cpu_count() or 1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -248,15 +252,17 @@ def main(argv: list[str] | None = None) -> int:
               f"scratch, seeds {a.seeds}, {os.cpu_count()} CPU threads; {rule(template_settings())}\n")
         rows, raw = [], {}
         headers = ["run", "epochs", "LR", "val acc", "wall", f"time to {a.target:.0%}"]
+        base = [] if a.variants_only else [("plain loop (fp32)", []), ("template defaults", [])]
+        runs = [*base, *((f"template, {v}", [f"--{arg}" for arg in v.split()]) for v in a.variants)]
         for epochs, lr in itertools.product(a.epochs, a.lrs):
-            for name in ("plain loop (fp32)", "template defaults"):
+            for i, (name, extra) in enumerate(runs):
                 finals, walls, histories = [], [], []
                 for seed in a.seeds:
                     if name.startswith("plain"):
                         h = plain_run(data, a.size, epochs, seed, lr)
                     else:
-                        h, _ = template_run(data, a.size, epochs, seed, tmp / f"t{epochs}-{lr}-{seed}",
-                                            *lr_args(lr))
+                        h, _ = template_run(data, a.size, epochs, seed, tmp / f"t{epochs}-{lr}-{i}-{seed}",
+                                            *lr_args(lr), *extra)
                     finals.append(h[-1][1])
                     walls.append(h[-1][0])
                     histories.append(h)

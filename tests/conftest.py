@@ -18,6 +18,7 @@ from project.data.demo import make_demo
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_CONFIG = REPO / "configs" / "train.yaml"
+EMA_PRESET = REPO / "configs" / "presets" / "ema.yaml"
 CLASSES = ["checker", "circle", "cross", "dots", "square"]
 
 
@@ -193,7 +194,8 @@ def best_ckpt(run: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def trained_run(tiny_data, tmp_path_factory) -> Path:
-    """One real 3-epoch run shared by the evaluation and export tests; its run folder."""
+    """One real 3-epoch run shared by the evaluation and export tests, with the EMA preset (so
+    they read the averaged weights, as such a run's users do); its run folder."""
     cwd = tmp_path_factory.mktemp("trained")
-    assert cli(["fit", *fit_args(tiny_data, epochs=3)], cwd) == 0
+    assert cli(["fit", *fit_args(tiny_data, f"--config={EMA_PRESET}", epochs=3)], cwd) == 0
     return only_run(cwd / "logs")

@@ -18,7 +18,7 @@ def test_bench_quick_prints_every_table(capsys):
         assert title in out, title
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
     assert re.search(r"The EMA update is \d+\.\d+ % of a template step", out)
-    for name in ("plain PyTorch", "template fit (EMA on, as train.yaml)", "template fit, EMA off",
+    for name in ("plain PyTorch", "template fit (as train.yaml)", "template fit, EMA on (ema preset)",
                  "the EMA update alone (foreach)", "model training step (no data)", "float32",
                  "bf16 autocast",
                  "loader, cache=none", "loader, cache=memory", "loader, streaming chunk_bytes=1MB",
@@ -125,3 +125,30 @@ def test_fewer_labels_bench_quick_prints_both_tables(capsys):
     assert float(cells[6].split()[0]) > 0 and float(cells[7].split()[0]) > 0, semi
     rounds = [line for line in out.splitlines() if line.startswith(("| 0 | 40 |", "| 1 | 50 |"))]
     assert len(rounds) == 2, out
+
+
+def test_accuracy_variants_reach_the_template_and_only_it(monkeypatch, tmp_path):
+    """``--variants 'a=1 b=2' --variants-only``: each variant is one template row with those
+    settings as flags; the base rows (and the plain loop) do not run."""
+    from benchmarks import accuracy
+
+    calls = []
+    monkeypatch.setattr(accuracy, "write_digits", lambda out, size, *a, **k: tmp_path)
+    monkeypatch.setattr(accuracy, "plain_run", lambda *a, **k: calls.append(("plain", a)) or [(1.0, 0.5)])
+    monkeypatch.setattr(accuracy, "template_run",
+                        lambda *a, **k: calls.append(("template", a[5:])) or ([(1.0, 0.5)], tmp_path))
+    assert accuracy.main(["--epochs", "1", "--skip", "precision", "transfer", "--variants-only",
+                          "--variants", "model.lr=0.2 trainer.precision=32-true", "model.lr=0.3"]) == 0
+    assert calls == [("template", ("--model.lr=0.2", "--trainer.precision=32-true")),
+                     ("template", ("--model.lr=0.3",))]
+
+
+def test_multilabel_variants_name_configs_that_exist():
+    """A variant that stacks a preset (``EMA on``) points at a file that is there."""
+    from pathlib import Path
+
+    from benchmarks import multilabel
+
+    paths = [arg.split("=", 1)[1] for args in multilabel.VARIANTS.values() for arg in args
+             if arg.startswith("--config=")]
+    assert paths and all(Path(p).is_file() for p in paths), paths

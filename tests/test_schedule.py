@@ -17,7 +17,7 @@ from project.model.schedule import (
     unset_lengths,
     warmup_cosine,
 )
-from tests.conftest import cli, fit_args, only_run, scalars
+from tests.conftest import EMA_PRESET, cli, fit_args, only_run, scalars
 
 EVERY_EPOCH = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
                "--trainer.callbacks.every_n_epochs=1", "--trainer.callbacks.save_top_k=-1",
@@ -89,7 +89,8 @@ def test_a_resume_at_an_epoch_boundary_is_bit_exact(tiny_data, tmp_path, schedul
     """Two epochs straight, and one then a resume from the epoch-1 checkpoint: the same weights
     (raw and EMA), optimizer state, LRs and momenta, to the bit."""
     caplog.set_level("INFO")
-    common = ["--trainer.deterministic=true", "--trainer.limit_train_batches=3", *scheduler, *EVERY_EPOCH]
+    common = ["--trainer.deterministic=true", "--trainer.limit_train_batches=3", f"--config={EMA_PRESET}",
+              *scheduler, *EVERY_EPOCH]
     a, b, run_a, run_b = straight_and_resumed(fit_args(tiny_data, *common, epochs=2), tmp_path)
     assert a["global_step"] == b["global_step"] == 6
     for state in ("state_dict", "current_model_state"):  # the EMA weights and the raw ones

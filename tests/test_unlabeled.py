@@ -17,7 +17,7 @@ from project.data.unlabeled_stream import UnlabeledSampler
 from project.errors import ConfigError
 from project.model.unlabeled import FixMatch
 from project.tasks.single import SingleLabel
-from tests.conftest import cli, fit_args, one_error, only_run, scalars
+from tests.conftest import EMA_PRESET, cli, fit_args, one_error, only_run, scalars
 from tests.test_schedule import EVERY_EPOCH, straight_and_resumed
 
 CLASSES = ["a", "b", "c"]
@@ -164,7 +164,8 @@ def test_a_multi_label_task_refuses_unlabeled_images_in_one_line(multilabel_data
 def test_a_semi_supervised_run_resumes_bit_exactly_at_an_epoch_boundary(tiny_data, unlabeled_dir, tmp_path):
     """Two epochs straight, and one then a resume: the unlabeled stream's draws and views come
     from (seed, epoch) alone, so the weights (raw and EMA) agree to the bit."""
-    common = ["--trainer.deterministic=true", "--trainer.limit_train_batches=3", *EVERY_EPOCH,
+    common = ["--trainer.deterministic=true", "--trainer.limit_train_batches=3", f"--config={EMA_PRESET}",
+              *EVERY_EPOCH,
               f"--data.unlabeled.images={unlabeled_dir}", "--data.unlabeled.ratio=2",
               "--data.unlabeled.threshold=0.3"]
     a, b, run_a, run_b = straight_and_resumed(fit_args(tiny_data, *common, epochs=2), tmp_path)
