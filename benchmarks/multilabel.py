@@ -143,13 +143,12 @@ def template_run(data: Path, size: int, epochs: int, seed: int, workdir: Path, *
 EMA_PRESET = str(REPO / "configs/presets/ema.yaml")
 VARIANTS = {
     "fp32": ["--trainer.precision=32-true"],
-    "no warmup": ["--model.scheduler.init_args.warmup_epochs=0"],
-    "warmup 1 epoch": ["--model.scheduler.init_args.warmup_epochs=1"],
     "EMA on": [f"--config={EMA_PRESET}"],
-    # the plain loop's cosine moves once an epoch (as timm's and torchvision's)
-    "cosine per epoch": ["--model.scheduler.init_args.cosine_interval=epoch"],
-    "cosine per epoch, no warmup": ["--model.scheduler.init_args.cosine_interval=epoch",
-                                    "--model.scheduler.init_args.warmup_epochs=0"],
+    "warmup 1 epoch": ["--model.scheduler.init_args.warmup_epochs=1"],
+    "cosine per step": ["--model.scheduler.init_args.cosine_interval=step"],
+    # train.yaml's schedule for fine-tuning, which the scratch preset replaces
+    "fine-tuning schedule": ["--model.scheduler.init_args.cosine_interval=step",
+                             "--model.scheduler.init_args.warmup_epochs=3"],
 }
 
 

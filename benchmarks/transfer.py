@@ -17,14 +17,14 @@ epochs, each with every seed, at each input size (224 px: the backbone's; 64 px:
 
 - template, ImageNet weights: ``python -m project fit`` with ``configs/train.yaml`` and
   ``configs/presets/characters.yaml``, i.e. the fine-tuning defaults (LR 0.01, the head at 10x,
-  warmup, cosine per step, EMA, bf16 where the CPU has it);
+  warmup, cosine per step, bf16 where the CPU has it);
 - template, random weights: the same backbone with ``--model.weights=null`` and the scratch
   preset (LR 0.05);
 - plain loop, ImageNet weights: ``timm.create_model`` with a new head, the file's tensors loaded
   by the template's loader, SGD with momentum at the template's LR with the head at 10x, a cosine
   per epoch, the template's crop scale and batch, float32: the 40 lines a practitioner writes.
 
-Val accuracy is the last epoch's (the template's: its EMA weights); wall time counts from the
+Val accuracy is the last epoch's; wall time counts from the
 process start. ``--quick``: 1 epoch, 1 seed, 32 px, the few-image set: that every row runs.
 """
 

@@ -101,6 +101,8 @@ def test_the_plain_loop_of_the_benchmarks_takes_the_templates_settings(monkeypat
                         "weight_decay": sgd.weight_decay,
                         "crop_scale": tuple(cli.data.augmentation.crop_scale)}
     assert settings["lr"] == 0.05 and settings["crop_scale"] == (0.7, 1.0)  # scratch and characters
+    schedule = cli.model.scheduler.init_args  # scratch: no warmup, the cosine once an epoch
+    assert (schedule.warmup_epochs, schedule.cosine_interval) == (0, "epoch")
     built = []
     monkeypatch.setattr(torch.optim, "SGD", lambda params, **kw: built.append(kw) or torch.optim.Adam(params))
     data = TensorDataset(torch.zeros(2, 3, 32, 32), torch.tensor([0, 1]))
