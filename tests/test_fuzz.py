@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from project.cli import ProjectCLI
-from tests.conftest import QUICK, TRAIN_CONFIG, cli, fit_args, free_port, only_run
+from tests.conftest import EMA_PRESET, QUICK, TRAIN_CONFIG, cli, fit_args, free_port, only_run
 
 pytestmark = pytest.mark.slow
 
@@ -239,8 +239,9 @@ def test_a_bad_setting_fails_in_one_line_naming_it(key, tiny_data, tmp_path, cap
 
 
 # ---------------------------------------------------------------------------------------------
-# The project's own callbacks in configs/train.yaml: a bad value in the config file (or given as
-# --trainer.callbacks) is one line too, not jsonargparse's traceback of the callback list.
+# The project's own callbacks in a preset (configs/presets/ema.yaml's `callbacks+:`): a bad value
+# in the file (or given as --trainer.callbacks+=) is one line too, not jsonargparse's traceback
+# of the callback list.
 CALLBACK_SETTINGS = {"decay: 0.998": ["decay: 1.5", "decay: .nan"], "every_n_steps: 2": ["every_n_steps: x"]}
 APPENDED = [("ema.EMA", "decay", 1.5), ("guards.Guards", "max_abs_input", -1),  # --trainer.callbacks+=
             ("guards.Guards", "patience_with_scaler", -1), ("guards.Guards", "top", -2),
@@ -250,14 +251,13 @@ APPENDED = [("ema.EMA", "decay", 1.5), ("guards.Guards", "max_abs_input", -1),  
 def test_bad_callback_settings_in_the_config_fail_in_one_line(tiny_data, tmp_path, capsys, no_training,
                                                               monkeypatch):
     monkeypatch.setattr(ProjectCLI, "setup_parser", one_parser)
-    text, failures = TRAIN_CONFIG.read_text(), []
+    text, failures = EMA_PRESET.read_text(), []
     for good, bads in CALLBACK_SETTINGS.items():
         assert text.count(good) == 1, good
         for bad in bads:
-            config = tmp_path / "train.yaml"
-            config.write_text(text.replace(good, bad))
-            args = ["fit", *fit_args(tiny_data, epochs=1)]
-            args[args.index(str(TRAIN_CONFIG))] = str(config)
+            preset = tmp_path / "ema.yaml"
+            preset.write_text(text.replace(good, bad))
+            args = ["fit", *fit_args(tiny_data, f"--config={preset}", epochs=1)]
             if problem := refused(args, tmp_path, capsys, f"trainer.callbacks.{good.split(':')[0]}"):
                 failures.append(f"{bad}: {problem}")
     for name, key, value in APPENDED:
