@@ -25,7 +25,8 @@ short of its plateau), float32 (faster than bf16 for this network at this size o
 
 ``--scratch``: resnet18 from random weights with the scratch preset instead (with 20 labels a
 class it still reached 92 % supervised at 30 epochs: digits leave little room either way).
-``--quick``: 1 epoch at 32 px, one seed, 4 labels a class, one round of 10: that every part runs.
+``--quick``: 1 epoch at 32 px, one seed, 4 labels a class, 600 unlabeled images, one round of 10:
+that every part runs.
 """
 
 from __future__ import annotations
@@ -53,10 +54,12 @@ RATIO = 7  # data.unlabeled.ratio's default
 SCRATCH = "resnet18"  # --scratch: from random weights, with the scratch preset
 
 
-def write_pool(out: Path, size: int, per_class: int, seed: int) -> tuple[Path, dict[str, int]]:
+def write_pool(out: Path, size: int, per_class: int, seed: int,
+               cap: int | None = None) -> tuple[Path, dict[str, int]]:
     """``out/images/<index>.png`` for every digit (names carry no class), ``out/labels.csv`` with
     the validation rows and ``per_class`` labeled training rows per class (seeded), the other
-    training images as rows with an empty label. Returns (out, {image: true class}) of the pool."""
+    training images (at most ``cap``, spread over the classes) as rows with an empty label.
+    Returns (out, {image: true class}) of the pool."""
     from sklearn.datasets import load_digits
 
     digits = load_digits()
@@ -69,6 +72,8 @@ def write_pool(out: Path, size: int, per_class: int, seed: int) -> tuple[Path, d
         idx = rng.permutation(np.flatnonzero(digits.target == c))
         n_val = round(0.2 * len(idx))
         train = pick.permutation(idx[n_val:])
+        if cap is not None:
+            train = train[: per_class + cap // 10]
         for split, part, labeled in (("val", idx[:n_val], True), ("train", train[:per_class], True),
                                      ("train", train[per_class:], False)):
             for i in part:
@@ -112,6 +117,12 @@ def fit(pool: Path, table: Path, a: argparse.Namespace, epochs: int, seed: int, 
     return history[-1][1], per_epoch, run
 
 
+def unlabeled(a: argparse.Namespace, k: int) -> int:
+    """How many training images lose their labels when ``k`` a class keep theirs."""
+    rest = TRAIN - 10 * k
+    return rest if a.unlabeled_max is None else min(rest, 10 * (a.unlabeled_max // 10))
+
+
 def presets(a: argparse.Namespace) -> tuple[str, ...]:
     return (*PRESETS, "scratch") if a.scratch else PRESETS
 
@@ -129,10 +140,10 @@ def semi_supervised(a: argparse.Namespace, tmp: Path, supervised: dict) -> str:
         # the semi-supervised epoch is a pass over the unlabeled images: more steps than the
         # labeled ones alone take; the supervised side is also run for as many steps
         sup_steps = math.ceil(10 * k / a.batch)
-        semi_steps = max(sup_steps, math.ceil((TRAIN - 10 * k) / (RATIO * a.batch)))
+        semi_steps = max(sup_steps, math.ceil(unlabeled(a, k) / (RATIO * a.batch)))
         same_steps = round(a.epochs * semi_steps / sup_steps)
         for seed in a.seeds:
-            pool, _ = write_pool(tmp / f"pool{k}-{seed}", a.size, k, seed)
+            pool, _ = write_pool(tmp / f"pool{k}-{seed}", a.size, k, seed, a.unlabeled_max)
             table = pool / "labels.csv"
             acc, t, run = fit(pool, labeled_only(table), a, a.epochs, seed, tmp / f"sup{k}-{seed}")
             supervised[k, seed] = acc, run
@@ -151,7 +162,7 @@ def semi_supervised(a: argparse.Namespace, tmp: Path, supervised: dict) -> str:
         gain = 100 * (statistics.mean(result["semi"]) - statistics.mean(result["supervised"]))
         t_sup, t_semi = statistics.mean(result["t_sup"]), statistics.mean(result["t_semi"])
         steps = accuracy.mean_sd(result["steps"]) + f" ({same_steps} ep)" if result["steps"] else "the same"
-        rows.append([k, TRAIN - 10 * k, accuracy.mean_sd(result["supervised"]), steps,
+        rows.append([k, unlabeled(a, k), accuracy.mean_sd(result["supervised"]), steps,
                      accuracy.mean_sd(result["semi"]), f"{gain:+.1f}", f"{t_sup:.1f} s", f"{t_semi:.1f} s",
                      f"{t_semi / t_sup:.1f}x"])
     if not a.quick:  # the ceiling: every training image labeled
@@ -175,7 +186,8 @@ def label_rounds(a: argparse.Namespace, tmp: Path, supervised: dict) -> str:
     curves: dict[str, list[list[float]]] = {"suggest": [], "random": []}
     for seed in a.seeds:
         for strategy in curves:
-            pool, truth = write_pool(tmp / f"rounds-{strategy}-{seed}", a.size, a.start, seed)
+            pool, truth = write_pool(tmp / f"rounds-{strategy}-{seed}", a.size, a.start, seed,
+                                     a.unlabeled_max)
             table, curve = pool / "labels.csv", []
             for r in range(a.rounds + 1):
                 if r == 0 and (a.start, seed) in supervised:  # the same labels and seed: the same run
@@ -229,11 +241,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", nargs="*", default=[], choices=["semi", "rounds"])
     p.add_argument("--scratch", action="store_true",
                    help=f"{SCRATCH} from random weights (scratch preset) instead of ImageNet's")
+    p.add_argument("--unlabeled_max", type=int, default=None,
+                   help="at most this many unlabeled training images (default: every one)")
     p.add_argument("--quick", action="store_true",
-                   help="1 epoch at 32 px, one seed, 4 labels a class, one round of 10")
+                   help="1 epoch at 32 px, one seed, 4 labels a class, 600 unlabeled, one round of 10")
     a = p.parse_args(argv)
     if a.quick:
         a.epochs, a.seeds, a.labels, a.rounds, a.per_round, a.size = 1, [0], [4], 1, 10, 32
+        a.unlabeled_max = 600
     torch.set_num_threads(os.cpu_count() or 1)
     network = f"{SCRATCH} from random weights" if a.scratch else f"{transfer.BACKBONE} with ImageNet weights"
     print(f"digits at {a.size} px, {network}, the template's defaults with the presets "

@@ -170,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     size = PHOTO_SIZE
     if a.quick:
         size, a.count, a.workers, a.batches, a.steps = (800, 600), 12, [0], 1, 1
+        a.fit_epochs = min(a.fit_epochs, 1)
     dm = FolderDataModule()
     dm.preprocessing = Preprocessing(IMAGE_SIZE)
     train_side = needed_side(dm.preprocessing, dm.augmentation.crop_scale)

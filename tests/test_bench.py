@@ -120,10 +120,10 @@ def test_fewer_labels_bench_quick_prints_both_tables(capsys):
 
     assert fewer_labels.main(["--quick"]) == 0
     out = capsys.readouterr().out
-    semi = next(line for line in out.splitlines() if line.startswith("| 4 | 1398 |"))
+    semi = next(line for line in out.splitlines() if line.startswith("| 4 | 600 |"))
     cells = [c.strip() for c in semi.split("|")[1:-1]]
     assert all(0 < float(cells[i].split()[0]) <= 100 for i in (2, 3, 4)), semi  # supervised x2, semi
-    assert "(4 ep)" in cells[3], semi  # 13 semi-supervised steps an epoch against 3: 1 x 13 / 3 epochs
+    assert "(2 ep)" in cells[3], semi  # 6 semi-supervised steps an epoch against 3: 1 x 6 / 3 epochs
     assert float(cells[6].split()[0]) > 0 and float(cells[7].split()[0]) > 0, semi
     rounds = [line for line in out.splitlines() if line.startswith(("| 0 | 40 |", "| 1 | 50 |"))]
     assert len(rounds) == 2, out

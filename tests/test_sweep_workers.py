@@ -82,7 +82,7 @@ def _log(path: Path) -> str:
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize(("kind", "n_trials"), [("postgresql", 6), ("journal", 4)])
+@pytest.mark.parametrize(("kind", "n_trials"), [("postgresql", 4), ("journal", 4)])
 def test_three_workers_fill_one_study_and_a_killed_worker_s_trial_is_retried(kind, n_trials, request,
                                                                               tiny_data, tmp_path):
     """The study sizes keep the suite short: twelve trials on PostgreSQL were run by hand on the
