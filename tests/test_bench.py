@@ -147,6 +147,28 @@ def test_the_fewer_labels_pools_hold_each_data_set_s_split(tmp_path):
     assert Image.open(pool / next(iter(truth))).size == (28, 28)
 
 
+@pytest.mark.parametrize("skip", [[], ["steps", "ceiling"]])
+def test_the_fewer_labels_skips_leave_out_their_runs_and_say_so(monkeypatch, tmp_path, capsys, skip):
+    """``--skip steps ceiling``: no supervised run at the semi-supervised step count (its cell
+    says "not run"), no all-labels run; without them both run."""
+    from benchmarks import fewer_labels
+
+    runs = []
+    monkeypatch.setattr(fewer_labels, "DATA", {"digits": lambda: (None, None)})  # no images needed
+    monkeypatch.setattr(fewer_labels, "train_size", lambda targets: 1438)  # the digits' split
+    monkeypatch.setattr(fewer_labels, "write_pool", lambda out, *a, **k: (tmp_path, {}))
+    monkeypatch.setattr(fewer_labels, "labeled_only", lambda table: table)
+    monkeypatch.setattr(fewer_labels, "fit", lambda pool, table, a, epochs, seed, workdir, *extra:
+                        runs.append((workdir.name, epochs)) or (0.5, 1.0, tmp_path))
+    assert fewer_labels.main(["--labels", "4", "--seeds", "0", "--epochs", "2", "--skip", "rounds",
+                              *skip]) == 0
+    names = [name for name, _ in runs]
+    if skip:
+        assert names == ["sup4-0", "semi4-0"] and "| not run (9 ep) |" in capsys.readouterr().out
+    else:  # 1,398 unlabeled: 13 steps an epoch against 3, so 9 epochs; then every image labeled
+        assert runs == [("sup4-0", 2), ("steps4-0", 9), ("semi4-0", 2), ("all-0", 2)]
+
+
 def test_accuracy_variants_reach_the_template_and_only_it(monkeypatch, tmp_path):
     """``--variants 'a=1 b=2' --variants-only``: each variant is one template row with those
     settings as flags; the base rows (and the plain loop) do not run."""
