@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
+from project import tasks
 from project.errors import CheckpointError
-from project.tasks import DEFAULT, MULTI_LABEL
 
 log = logging.getLogger("project")
 
@@ -54,9 +54,6 @@ def load_model(path: str | Path):
     if "image_size" in hparams:  # before model.input was a group
         old = ("crop_ratio", "interpolation", "mean", "std")
         hparams["input"] = {"size": hparams.pop("image_size"), **{k: hparams.pop(k, None) for k in old}}
-    if "multilabel_loss" in hparams:  # written before model.loss was the task's
-        old = hparams.pop("multilabel_loss")
-        hparams.setdefault("loss", old if hparams.get("task") == MULTI_LABEL else None)
     hparams = known_settings(hparams, ImageClassifier, path, "settings")
     hparams.update(weights=None, compile=False, optimizer=None, scheduler=None)
     model = ImageClassifier(**hparams)
@@ -124,9 +121,9 @@ def apply_calibration(model, ckpt_path: str | Path) -> float | None:
     return numbers["temperature"]
 
 
-def checkpoint_task(path: str | Path) -> str:
-    """The name of a checkpoint's task (``project/tasks/``; older checkpoints: one class per image)."""
-    return (read_checkpoint(path, mmap=True).get("hyper_parameters") or {}).get("task", DEFAULT)
+def checkpoint_task(path: str | Path):
+    """The task class of a checkpoint (``project/tasks/``; one that names none: the default)."""
+    return tasks.task_class((read_checkpoint(path, mmap=True).get("hyper_parameters") or {}).get("task"))
 
 
 def check_checkpoint_classes(path: str | Path, class_names: list[str]) -> None:

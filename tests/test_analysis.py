@@ -19,7 +19,6 @@ import pytest
 import torch
 from PIL import Image
 
-from project.callbacks.dashboards import confused_pairs
 from project.checkpoints import calibration_path, datamodule_for, load_model, read_checkpoint
 from project.extras.analysis.calibration import (
     calibration_numbers,
@@ -28,9 +27,10 @@ from project.extras.analysis.calibration import (
     nll,
     write_temperature,
 )
-from project.extras.analysis.report import per_class_table
-from project.model import metrics
-from project.model.metrics import StageMetrics, summary_metrics
+from project.tasks.single import metrics
+from project.tasks.single.metrics import StageMetrics, summary_metrics
+from project.tasks.single.report import per_class_table
+from project.tasks.single.views import confused_pairs
 from tests.conftest import (
     CLASSES,
     QUICK,

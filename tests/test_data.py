@@ -15,11 +15,12 @@ from project.common.preprocessing import Preprocessing
 from project.data import FolderDataModule
 from project.data.demo import make_demo
 from project.data.folders import DataFolderError, discover
-from project.data.samplers import EpochSampler, ShardSampler, inverse_frequency
+from project.data.samplers import EpochSampler, ShardSampler
 from project.data.transforms import Augmentation, train_transforms
 from project.errors import ConfigError
 from project.extras.datatools.check_data import scan
 from project.model import ImageClassifier
+from project.tasks.single.task import inverse_frequency
 from tests.conftest import CLASSES
 
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from project.data.demo import make_demo
-from project.data.samplers import EpochSampler, inverse_frequency
+from project.data.samplers import EpochSampler
+from project.tasks.single.task import inverse_frequency
 from tests.conftest import REPO, cli, fit_args, only_run, run_cli, scalars
 
 DDP = ["--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp"]

@@ -19,7 +19,7 @@ from project.data.tables import discover_table
 from project.extras.deploy.export import export_checkpoint
 from project.extras.deploy.exporters import ExportError
 from project.extras.deploy.infer import main as infer_main
-from project.extras.multilabel.task import fit_thresholds, scores
+from project.tasks.multilabel.metrics import fit_thresholds, scores
 from tests.conftest import QUICK, best_ckpt, cli, fit_args, one_error, only_run, scalars
 
 ML_ARGS = ("--model.input.crop_ratio=1.0",)  # 32-px mosaics at 32 px: predict and infer read the same pixels
@@ -208,8 +208,8 @@ def test_a_sweep_over_multilabel_data_optimises_val_map(multilabel_data):
 
 
 def test_the_asymmetric_loss_drops_easy_negatives_and_balanced_weights_are_negatives_per_positive():
-    from project.data.samplers import inverse_frequency
-    from project.extras.multilabel.task import asymmetric_loss, multilabel_loss
+    from project.tasks.multilabel.metrics import asymmetric_loss, multilabel_loss
+    from project.tasks.multilabel.task import MultiLabel
 
     target = torch.tensor([[1.0, 0.0, 0.0, 0.0, 0.0]])
     easy = torch.tensor([[4.0, -6.0, -6.0, -6.0, -6.0]])  # every negative below the 0.05 margin
@@ -217,8 +217,8 @@ def test_the_asymmetric_loss_drops_easy_negatives_and_balanced_weights_are_negat
     positive_only = nn_bce(easy[:, :1], target[:, :1]) / 5  # the mean over 5 labels of the one positive
     assert float(asymmetric_loss(easy, target)) == pytest.approx(float(positive_only), rel=1e-5)
     assert float(asymmetric_loss(easy, target)) < float(bce)
-    weights = inverse_frequency([(1, 0), (0, 0), (1, 1), (0, 0)], 2)  # model.class_weights: balanced
-    assert weights.tolist() == [1.0, 3.0]
+    stats = MultiLabel.summarise_labels([(1, 0), (0, 0), (1, 1), (0, 0)], 2)  # model.class_weights: balanced
+    assert stats["balanced_weights"] == [1.0, 3.0]
     smoothed = multilabel_loss(easy, target, label_smoothing=0.2)  # targets 0.9 and 0.1
     soft = torch.nn.functional.binary_cross_entropy_with_logits(easy, target * 0.8 + 0.1)
     assert float(smoothed) == pytest.approx(float(soft)) and float(smoothed) > float(bce)

@@ -14,6 +14,7 @@ import torch
 from PIL import Image
 from torch import nn
 
+from project import tasks
 from project.errors import ConfigError
 from project.model import ImageClassifier, backbones
 from project.tasks import TASKS, answers, task_class
@@ -21,10 +22,10 @@ from tests.conftest import QUICK, best_ckpt, cli, fit_args, one_error, only_run,
 
 
 def test_every_task_has_answers_and_names_its_metric():
-    assert set(answers.ANSWERS) == set(TASKS)
     for name in TASKS:
         cls = task_class(name)
         assert cls.name == name and cls.mode in ("max", "min") and cls.default_loss in cls.losses
+        assert issubclass(tasks.load(cls.answers, "answers"), answers.Answers), name
 
 
 def test_model_loss_picks_from_the_tasks_registry_and_a_misspelling_fails_in_one_line():
@@ -190,3 +191,49 @@ def test_the_answer_policy_travels_in_the_checkpoint_and_the_onnx_file(trained_r
     assert all(r["unsure"] for r in classify(onnx_model, paths))
     with pytest.raises(ConfigError, match="model.min_confidence: .*'cow' is not a class"):
         ImageClassifier(num_classes=5, weights=None, input=32, min_confidence="cow=0.5")
+
+
+REMOVAL_SCRIPT = """
+import sys
+from project.cli import main
+data, out = sys.argv[1], sys.argv[2]
+fit = ["fit", "--config", "configs/train.yaml", "--config", "configs/presets/debug.yaml",
+       f"--data.data_dir={data}", "--model.input.size=32", "--model.weights=null", "--data.batch_size=8",
+       "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+for args in (fit, ["evaluate"], ["predict", "--input", f"{data}/test", "--output", f"{out}/preds.csv"],
+             ["export", "--formats", "onnx", "--out", f"{out}/export"]):
+    code = main(args)
+    if code:
+        sys.exit(f"{args[0]} exited {code}")
+"""
+
+
+def test_deleting_every_task_folder_but_the_default_leaves_the_default_path_working(tiny_data, tmp_path):
+    """A task is one folder: with the others' folders and registry lines gone, a default run fits,
+    evaluates, predicts and exports (nothing outside the folders needed them)."""
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    copy = tmp_path / "copy"
+    for part in ("project", "configs"):
+        shutil.copytree(REPO / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
+    registry = copy / "project/tasks/__init__.py"
+    lines = registry.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if not any(f'"{name}":' in line for name in list(TASKS)[1:])]
+    assert len(lines) - len(kept) == len(TASKS) - 1  # one registry line each
+    registry.write_text("".join(kept))
+    for name in list(TASKS)[1:]:
+        folder = copy / Path(TASKS[name].split(":")[0].replace(".", "/")).parent
+        assert folder.parent.name == "tasks" and folder.is_dir(), folder
+        shutil.rmtree(folder)
+    (tmp_path / "out").mkdir()
+    done = subprocess.run([sys.executable, "-c", REMOVAL_SCRIPT, str(tiny_data), str(tmp_path / "out")],
+                          cwd=copy, capture_output=True, text=True, timeout=600,
+                          env={**__import__("os").environ, "PYTHONPATH": str(copy)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "out/export/model.onnx").is_file() and (tmp_path / "out/preds.csv").is_file()
+    left = sorted(p.name for p in (copy / "project/tasks").iterdir() if p.is_dir() and p.name[0] != "_")
+    assert left == [Path(TASKS[next(iter(TASKS))].split(":")[0].replace(".", "/")).parent.name]

@@ -208,10 +208,10 @@ def test_add_appends_the_labeled_rows_to_a_table_the_reader_reads(tiny_data, tmp
     assert "1 still without a label" in out and "Notice: star" in out
     table = read_table(data / "labels.csv", data)
     assert not table.problems, table.problems
-    got = {image: names for _, image, names, _ in table.rows}
-    assert got["new/n0.png"] == ["circle"] and got["new/n1.png"] == ["star"]  # below the table: relative
-    assert got[str(outside)] == ["cross"]  # outside it: absolute
-    assert got[known[30].relative_to(data).as_posix()] == ["square"] and len(got) == 6
+    got = {row.image: row.label for row in table.rows}
+    assert got["new/n0.png"] == "circle" and got["new/n1.png"] == "star"  # below the table: relative
+    assert got[str(outside)] == "cross"  # outside it: absolute
+    assert got[known[30].relative_to(data).as_posix()] == "square" and len(got) == 6
     assert "new/n2.png" not in got
     assert cli(args, tmp_path) == 0  # twice: nothing more
     assert "0 rows added" in capsys.readouterr().out and len(read_table(data / "labels.csv", data).rows) == 6

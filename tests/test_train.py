@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from project.cli import ProjectCLI
-from project.model.metrics import summary_metrics
+from project.tasks.single.metrics import summary_metrics
 from tests.conftest import (
     CLASSES,
     QUICK,

@@ -16,7 +16,7 @@ from project.data.unlabeled import Unlabeled
 from project.data.unlabeled_stream import UnlabeledSampler
 from project.errors import ConfigError
 from project.model.unlabeled import FixMatch
-from project.tasks.single import SingleLabel
+from project.tasks.single.task import SingleLabel
 from tests.conftest import EMA_PRESET, cli, fit_args, one_error, only_run, scalars
 from tests.test_schedule import EVERY_EPOCH, straight_and_resumed
 

@@ -1,20 +1,13 @@
-"""TensorBoard: the run's logger, its learning-rate curve, the confusion matrix. Time Series
-groups cards by the tag's first part and opens the first two, so the curves are ``train/``
-(acc, loss, lr) and ``val/`` (acc, acc_best, loss, then ``macro_*``, ``per_class/``)."""
+"""TensorBoard: the run's logger, its learning-rate curve, and the task's views (a confusion
+matrix, ...). Time Series groups cards by the tag's first part and opens the first two, so the
+curves are ``train/`` (acc, loss, lr) and ``val/``."""
 
 import lightning as L
-import matplotlib
-import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
-from torchmetrics.classification import MulticlassConfusionMatrix
 
-matplotlib.use("Agg")  # no display needed
-from matplotlib import pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-
-from project.errors import require  # noqa: E402
+from project.errors import require
 
 
 def tensorboard(trainer: L.Trainer):
@@ -42,8 +35,8 @@ class LearningRate(Callback):
 
 
 class Dashboards(Callback):
-    """After each validation epoch and at test, the task's views: for one class per image the
-    confusion matrix (Images tab) and the most confused class pairs (Text tab)."""
+    """After each validation epoch and at test, the task's views (``Task.log_views``): for one
+    class per image the confusion matrix (Images tab) and the most confused pairs (Text tab)."""
 
     def __init__(self, top_pairs: int = 5) -> None:
         require(top_pairs >= 0, "the Dashboards callback's top_pairs",
@@ -64,35 +57,3 @@ class Dashboards(Callback):
     @rank_zero_only
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.log_confusion(trainer, pl_module, "test")
-
-
-def confused_pairs(confusion: torch.Tensor, class_names: list[str], top: int = 5) -> list[dict]:
-    """The largest off-diagonal counts: which true class is most often taken for which."""
-    cm = confusion.detach().cpu().clone()
-    support = cm.sum(1)
-    cm.fill_diagonal_(0)
-    pairs = []
-    for flat in torch.argsort(cm.flatten(), descending=True)[:top].tolist():
-        i, j = divmod(flat, cm.shape[1])
-        if int(cm[i, j]) == 0:
-            break
-        pairs.append({"true": class_names[i], "predicted": class_names[j], "count": int(cm[i, j]),
-                      "share_of_true": int(cm[i, j]) / max(int(support[i]), 1)})
-    return pairs
-
-
-def pairs_markdown(pairs: list[dict]) -> str:
-    lines = ["| true | predicted as | count | share of true |", "|---|---|---|---|"]
-    lines += [f"| {p['true']} | {p['predicted']} | {p['count']} | {p['share_of_true']:.1%} |" for p in pairs]
-    return "\n".join(lines) if pairs else "No confusions: every image was classified correctly."
-
-
-def confusion_figure(confusion: torch.Tensor, class_names: list[str], title: str) -> Figure:
-    """torchmetrics' plot of the counts (in the cells up to 30 classes), sized to the classes."""
-    n = len(class_names)
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * n + 2),) * 2)
-    MulticlassConfusionMatrix(n).plot(confusion.detach().cpu(), ax=ax, add_text=n <= 30,
-                                      labels=list(class_names), cmap="Blues")
-    ax.set_title(title)
-    fig.tight_layout()
-    return fig

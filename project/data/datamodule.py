@@ -18,7 +18,7 @@ from project.data import folders
 from project.data.datasets import ImageDataset, collate_skipping_bad
 from project.data.folders import FolderSplits, Sample
 from project.data.images import ImageCache, decoded_bytes, needed_side
-from project.data.samplers import EpochSampler, ShardSampler, inverse_frequency
+from project.data.samplers import EpochSampler, ShardSampler
 from project.data.transforms import Augmentation, check_scale_agreement, eval_transforms, train_transforms
 from project.data.unlabeled import Unlabeled
 from project.errors import ConfigError, require
@@ -92,9 +92,8 @@ class FolderDataModule(L.LightningDataModule):
         self.streaming = "://" in data_dir or (Path(data_dir) / folders.STREAMING_MANIFEST).is_file()
         self.hparams.labels = None if labels is None else str(labels)
         if task != "auto":
-            tasks.check_name(task)
-        require(labels is not None or task in ("auto", tasks.DEFAULT), "data.task",
-                "other than auto or a class per image needs data.labels (a table)", task)
+            require(labels is not None or tasks.task_class(task).reads_class_folders, "data.task",
+                    "of a task that class folders do not hold needs data.labels (a table)", task)
         require(labels is None or not self.streaming, "data.labels", "is not for streamed shards", labels)
         require(self.unlabeled.images is None or not self.streaming, "data.unlabeled.images",
                 "is not for streamed shards: give data.data_dir as a folder", self.unlabeled.images)
@@ -121,13 +120,23 @@ class FolderDataModule(L.LightningDataModule):
 
     @property
     def task(self) -> str:
-        """The task the labels describe (``project/tasks/``): a class per image unless a labels
-        table has several labels in a row or numbers instead of a label (or data.task says so)."""
-        task = tasks.DEFAULT if self.streaming else self.splits.task
-        require(not self.hparams.balanced_sampling or tasks.task_class(task).one_class_per_image,
-                "data.balanced_sampling", f"is for one class per image, not a {task} task (multi-label: "
-                "model.class_weights=balanced)", True)  # read when the CLI links it: before any run
+        """The task the labels describe (``project/tasks/``): class folders' default, unless a
+        labels table's columns are another task's (or data.task names one)."""
+        task = tasks.check_name(None if self.streaming else self.splits.task)
+        if self.hparams.balanced_sampling:  # read when the CLI links it: before any run folder
+            self.task_type.sample_weights(self.train_targets, self.num_classes)
         return task
+
+    @cached_property
+    def task_type(self):
+        """The task's class: what turns labels into targets, draw weights and statistics."""
+        return tasks.task_class(None if self.streaming else self.splits.task)
+
+    @property
+    def train_targets(self) -> list:
+        if self.streaming:
+            return list(self.streamed.manifest["splits"]["train"]["labels"])
+        return [s.label for s in self.splits.train]
 
     @cached_property
     def extra_val_names(self) -> list[str]:
@@ -164,11 +173,7 @@ class FolderDataModule(L.LightningDataModule):
     @property
     def label_stats(self) -> dict:
         """What the model needs of the training labels (the CLI links it into model.label_stats)."""
-        if self.streaming:
-            targets = list(self.streamed.manifest["splits"]["train"]["labels"])
-        else:
-            targets = [s.label for s in self.splits.train]
-        return tasks.task_class(self.task).summarise_labels(targets, self.num_classes)
+        return self.task_type.summarise_labels(self.train_targets, self.num_classes)
 
     @cached_property
     def streamed(self):  # the streaming extra: datasets and loaders of an optimized data set
@@ -221,7 +226,12 @@ class FolderDataModule(L.LightningDataModule):
             raise ConfigError(f"the {split} split of '{self.data_dir}' is empty: {fix}")
         side = self.short_side(split)
         return ImageDataset(samples, self.transform(split), self.make_cache(samples, split, side),
-                            self.hparams.on_bad_image, short_side=side)
+                            self.hparams.on_bad_image, short_side=side, target=self.task_type.target)
+
+    def eval_dataset(self, samples: list[Sample]) -> ImageDataset:
+        """``samples`` as evaluation sees them (no cache): export's checks, the analyses."""
+        return ImageDataset(samples, self.transform("val"), on_bad_image=self.hparams.on_bad_image,
+                            short_side=self.short_side("val"), target=self.task_type.target)
 
     def make_cache(self, samples: list[Sample], split: str, side: int | None) -> ImageCache | None:
         if self.cache == "none":
@@ -284,7 +294,7 @@ class FolderDataModule(L.LightningDataModule):
         overfitting = self.trainer is not None and self.trainer.overfit_batches > 0
         weights = None
         if self.hparams.balanced_sampling and not overfitting:
-            weights = inverse_frequency(self.train_set.targets, self.num_classes)[self.train_set.targets]
+            weights = self.task_type.sample_weights(self.train_set.targets, self.num_classes)
         sampler = EpochSampler(len(self.train_set), weights, shuffle=not overfitting,
                                seed=self.run_seed(), num_replicas=world, rank=rank, draws=draws)
         sampler.set_epoch(epoch_to_start(self.trainer))

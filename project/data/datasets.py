@@ -16,17 +16,18 @@ class BadImageError(ProjectError, RuntimeError):
 
 
 class ImageDataset(Dataset):
-    """``samples`` as (image, label), by index or ``(index, seed)`` (``EpochSampler``'s). An
-    undecodable file gives None (dropped in the collate), flagged in shared memory for the report."""
+    """``samples`` as (image, target), by index or ``(index, seed)`` (``EpochSampler``'s); ``target``
+    turns a label into what the loss takes (the task's). An undecodable file gives None (dropped in
+    the collate), flagged in shared memory for the report."""
 
     def __init__(self, samples: Sequence[Sample], transform: Callable[[torch.Tensor], torch.Tensor],
                  cache: ImageCache | None = None, on_bad_image: str = "skip",
-                 short_side: int | None = None) -> None:
+                 short_side: int | None = None, target: Callable[[object], object] | None = None) -> None:
         require(on_bad_image in ("skip", "error"), "data.on_bad_image", "must be skip or error",
                 on_bad_image)
         self.samples = list(samples)
         self.targets = [s.label for s in self.samples]
-        self.transform, self.cache = transform, cache
+        self.transform, self.cache, self.target = transform, cache, target or (lambda label: label)
         self.on_bad_image, self.short_side = on_bad_image, short_side
         self.bad_flags = torch.zeros(len(self.samples), dtype=torch.uint8).share_memory_()
 
@@ -46,9 +47,7 @@ class ImageDataset(Dataset):
                 raise bad_image_error(self.samples[index].path, err) from err
             self.bad_flags[index] = 1
             return None
-        label = self.samples[index].label  # multi-label: 0/1 per class, as BCE's float target
-        target = torch.tensor(label, dtype=torch.float32) if isinstance(label, tuple) else label
-        return seeded_transform(self.transform, image, seed), target
+        return seeded_transform(self.transform, image, seed), self.target(self.samples[index].label)
 
     def skipped_paths(self) -> list[str]:
         return [self.samples[i].path for i in self.bad_flags.nonzero().flatten().tolist()]

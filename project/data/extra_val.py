@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from project import tasks
 from project.data import folders
 from project.data.datasets import ImageDataset
 from project.errors import require
@@ -19,8 +18,8 @@ def check_extra_val(dm) -> list[str]:
         folder = Path(folder)
         require(re.fullmatch(r"[A-Za-z0-9_-]+", str(name)) is not None, "data.extra_val",
                 "names must be letters, digits, _ or - (they become val_<name>/...)", name)
-        require(dm.task == tasks.DEFAULT, "data.extra_val", "holds folders of one class per image; "
-                f"this run's data is a {dm.task} task", name)
+        require(dm.task_type.reads_class_folders, "data.extra_val", "holds folders of class subfolders; "
+                f"this run's data is a {dm.task} task, which they cannot hold", name)
         require(folder.is_dir(), f"data.extra_val.{name}", "must be a folder of class subfolders",
                 str(folder))
         unknown = sorted(set(folders.class_folders(folder)) - set(dm.class_names))

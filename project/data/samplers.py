@@ -6,7 +6,7 @@ images depend on (seed, epoch, position) alone, not on workers, ranks or an inte
 """
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import torch
 from torch.utils.data import DistributedSampler
@@ -17,17 +17,6 @@ SEED_RANGE = 2**62
 def epoch_seed(seed: int, epoch: int) -> int:
     """The seed of one epoch's random draws: fixed by the run's seed and the epoch alone."""
     return seed * 1_000_003 + epoch
-
-
-def inverse_frequency(targets: Sequence[int], num_classes: int) -> torch.Tensor:
-    """Per-class weights ``N / (classes x count)``; indexed by the targets, a balanced draw's.
-    Multi-label (0/1 rows): negatives / positives per label, BCE's ``pos_weight``."""
-    labels = torch.as_tensor(targets)
-    if labels.ndim == 2:
-        positives = labels.double().sum(0).clamp(min=1)
-        return (len(labels) - positives) / positives
-    counts = torch.bincount(labels, minlength=num_classes).clamp(min=1).double()
-    return counts.sum() / (num_classes * counts)
 
 
 class EpochSampler(DistributedSampler):

@@ -3,14 +3,12 @@ Below both the folders' reader and the splitter, so neither imports the other fo
 
 from dataclasses import dataclass
 
-from project import tasks
-
 
 @dataclass(frozen=True)
 class Sample:
     path: str
     # a class index; multi-label: 0/1 per class; regression: the numbers (``data/tables.py``)
-    label: int | tuple[int, ...] | tuple[float, ...]
+    label: object  # a class index for folders; a table's: as its task encodes it (project/tasks/)
 
 
 @dataclass
@@ -19,4 +17,4 @@ class FolderSplits:
     train: list[Sample]
     val: list[Sample]
     test: list[Sample]
-    task: str = tasks.DEFAULT  # what the labels describe (project/tasks/): folders hold one class each
+    task: str | None = None  # the task the labels describe (project/tasks/); None: class folders' default

@@ -52,8 +52,6 @@ def stratified_split(samples: list[Sample], fraction: float, seed: int,
                      groups: list[int] | None = None) -> tuple[list[Sample], list[Sample]]:
     """Move ``fraction`` of every class aside (at least one unit of classes with two or more),
     whole units at a time."""
-    if samples and isinstance(samples[0].label, tuple):
-        return iterative_split(samples, fraction, seed, groups)
     rng = np.random.default_rng(seed)
     keep: list[Sample] = []
     held: list[Sample] = []
@@ -118,9 +116,10 @@ def stratified_folds(samples: list[Sample], folds: int, seed: int = 0) -> list[i
 
 
 def split_off(train: list[Sample], test: list[Sample] | None, val_fraction: float, test_fraction: float,
-              seed: int, folder: Path) -> tuple[list[Sample], list[Sample], list[Sample]]:
-    """(train, val, test): ``test`` (when None) and then val split off ``train``, stratified,
-    keeping byte-identical files in one split."""
+              seed: int, folder: Path, splitter=None) -> tuple[list[Sample], list[Sample], list[Sample]]:
+    """(train, val, test): ``test`` (when None) and then val split off ``train``, stratified by
+    ``splitter`` (a task's; default: by class), keeping byte-identical files in one split."""
+    splitter = splitter or stratified_split
     groups = content_groups([s.path for s in train])
     if len(groups) > len(set(groups)):
         log.info("Notice: %d files in '%s' are byte-identical copies of others; the split keeps each "
@@ -128,7 +127,7 @@ def split_off(train: list[Sample], test: list[Sample] | None, val_fraction: floa
                  len(groups) - len(set(groups)), folder)
     group_of = {s.path: g for s, g in zip(train, groups, strict=True)}
     if test is None:
-        train, test = stratified_split(train, test_fraction, seed, groups)
+        train, test = splitter(train, test_fraction, seed, groups)
         val_fraction = val_fraction / (1 - test_fraction)
-    train, val = stratified_split(train, val_fraction, seed + 1, [group_of[s.path] for s in train])
+    train, val = splitter(train, val_fraction, seed + 1, [group_of[s.path] for s in train])
     return train, val, test

@@ -21,6 +21,7 @@ from project.model import backbones, schedule
 from project.model.param_groups import make_param_groups
 
 log = logging.getLogger("project")
+EVAL_PREFIXES = {"validation": "val", "test": "test"}  # a metric's first part names its data
 # when model.optimizer is not set (its lr is replaced by the parameter groups')
 DEFAULT_OPTIMIZER = functools.partial(torch.optim.SGD, lr=0.01, momentum=0.9, weight_decay=1e-4)
 
@@ -35,7 +36,7 @@ class ImageClassifier(L.LightningModule):
         self,
         num_classes: int = 2,
         class_names: list[str] | None = None,
-        task: str = tasks.DEFAULT,
+        task: str | None = None,
         label_stats: dict | None = None,
         loss: str | None = None,
         backbone: str = "resnet18",
@@ -96,8 +97,9 @@ class ImageClassifier(L.LightningModule):
         self.mixing = batch_mixing(num_classes, mixup_alpha, cutmix_alpha)
         self.register_buffer("class_weight", torch.ones(num_classes))  # in the checkpoint, for evaluate
         self.register_buffer("temperature", torch.ones(()))  # fitted by `python -m project calibrate`
-        # the task owns loss, metrics and outputs (project/tasks/); the data chose it
-        self.task = tasks.task_class(task)(self.class_names, loss, label_smoothing, label_stats)
+        # the task owns loss, metrics and outputs (project/tasks/); the data chose it. It reads
+        # the settings (label_smoothing, ...) from hparams when it uses them: a callback may change them
+        self.task = tasks.task_class(task)(self.class_names, loss, self.hparams, label_stats)
         self.task.check(dict(self.hparams))
         if min_confidence is not None:  # the answer policy stored with the model, checked now
             from project.tasks.answers import answers
@@ -158,8 +160,8 @@ class ImageClassifier(L.LightningModule):
     def answer_state(self) -> dict:
         """What answers need beside the class names (``project/tasks/answers.py``): the task, the
         temperature and the task's own state; kept in checkpoints and ONNX metadata."""
-        return {"task": self.task.name, "temperature": float(self.temperature), **self.task.state(),
-                "min_confidence": self.hparams.min_confidence}
+        return {"task": self.task.name, "answers": self.task.answers, "temperature": float(self.temperature),
+                **self.task.state(), "min_confidence": self.hparams.min_confidence}
 
     # -- steps ---------------------------------------------------------------------------
     def training_step(self, batch, batch_idx: int) -> torch.Tensor | None:
@@ -248,6 +250,12 @@ class ImageClassifier(L.LightningModule):
 
     def log(self, name: str, value, *args, **kwargs) -> None:
         where = self.__dict__.get("_logging_from")
+        head = name.split("/", 1)[0]
+        owner = next((s for s, p in EVAL_PREFIXES.items() if head == p or head.startswith(f"{p}_")), None)
+        if owner is not None and (where is None or where[0] != owner):  # val/ holds validation's alone
+            when = f"in a {where[0]} epoch" if where else "in training"
+            raise ConfigError(f"metric '{name}' is logged {when}: {head}/ names hold what {owner} data "
+                              "measures; log it under another prefix (train/ for training batches)")
         if where is not None:  # inside an evaluation epoch
             stage, origin, *suffix = where
             key = name + (suffix[0] if suffix and kwargs.get("add_dataloader_idx", True) else "")

@@ -1,8 +1,11 @@
-"""What a run learns: one module a task behind :class:`project.tasks.base.Task`, and this
-registry, the one place that names them. The data decides the task (``data.task: auto``); every
-command asks the task (its loss, metrics, monitored metric, outputs, reports), never its name.
+"""What a run learns. A task is one folder, ``project/tasks/<name>/``, that owns everything the
+task means: the label columns it reads (``labels.py``), its loss, metrics and views (``task.py``),
+its answers (``answers.py``, torch-free) and its report. This table is the one place that names
+them; every lookup derives from it. Commands ask the task, never its name.
 
-Torch-free, like :mod:`project.tasks.answers`: ``infer.py`` reads both without torch.
+``data.task`` is ``auto`` (the data decides: the table's columns are claimed by one task; class
+folders are the first task's), a name below, or ``package.module:Class`` for a task of your own
+(docs/your-own-task.md). Torch-free, like the answers: ``infer.py`` reads both without torch.
 """
 
 from __future__ import annotations
@@ -11,23 +14,41 @@ from importlib import import_module
 
 from project.errors import ConfigError
 
-# name -> "module:class"; a task's module is imported only when a run of that task needs it
+# name -> its Task class; the first is the default (one class per image: what class folders hold)
 TASKS = {
-    "multiclass": "project.tasks.single:SingleLabel",  # one class per image (the default)
-    "multilabel": "project.tasks.multilabel:MultiLabel",  # any number of labels per image
-    "regression": "project.tasks.regression:Regression",  # one or more numbers per image
+    "multiclass": "project.tasks.single.task:SingleLabel",
+    "multilabel": "project.tasks.multilabel.task:MultiLabel",
+    "regression": "project.tasks.regression.task:Regression",
+    "multioutput": "project.tasks.multioutput.task:MultiOutput",
 }
-SINGLE_LABEL, MULTI_LABEL, REGRESSION = TASKS  # what the data can say it holds
-DEFAULT = SINGLE_LABEL
+DEFAULT = next(iter(TASKS))
 
 
-def check_name(name: str, key: str = "data.task") -> str:
-    if name not in TASKS:
-        raise ConfigError(f"{key} '{name}' is unknown; choose from auto, {', '.join(TASKS)}")
+def load(spec: str, key: str) -> object:
+    """The object at ``package.module:Name``; a one-line error naming ``key`` when it is not there."""
+    module, _, attr = spec.partition(":")
+    try:
+        return getattr(import_module(module), attr)
+    except (ImportError, AttributeError, ValueError) as err:
+        raise ConfigError(f"{key} '{spec}': cannot import it ({type(err).__name__}: {err}); expected "
+                          "package.module:Name, importable from here") from None
+
+
+def check_name(name: str | None, key: str = "data.task") -> str:
+    """``name`` (None: the default) if it is a registered task or ``package.module:Class``."""
+    name = DEFAULT if name is None else name
+    if name not in TASKS and ":" not in name:
+        raise ConfigError(f"{key} '{name}' is unknown; choose from auto, {', '.join(TASKS)}, or "
+                          "package.module:Class for your own")
     return name
 
 
-def task_class(name: str):
-    """The :class:`~project.tasks.base.Task` subclass registered as ``name``."""
-    module, cls = TASKS[check_name(name)].split(":")
-    return getattr(import_module(module), cls)
+def task_class(name: str | None = None):
+    """The :class:`~project.tasks.base.Task` subclass of ``name`` (None: the default)."""
+    name = check_name(name)
+    return load(TASKS.get(name, name), "data.task")
+
+
+def registered() -> list:
+    """Every registered task class, in the table's order (the table reader asks each)."""
+    return [task_class(name) for name in TASKS]

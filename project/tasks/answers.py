@@ -1,6 +1,7 @@
 """How a model's raw outputs become answers, the one owner of the answer policy: ``predict``
-(PyTorch), ``infer.py`` (ONNX Runtime, no torch) and ``serve`` all build their rows here from
-the same state (the task, temperature, thresholds, target scaling), read from a checkpoint
+(PyTorch), ``infer.py`` (ONNX Runtime, no torch) and ``serve`` all build their rows with the
+task's :class:`Answers` (``project/tasks/<name>/answers.py``) from the same state (the answers
+class, temperature, the task's own: thresholds, target scaling), read from a checkpoint
 (``ImageClassifier.answer_state``) or from an exported file's metadata.
 
 Torch-free on purpose: NumPy only.
@@ -13,8 +14,9 @@ import json
 
 import numpy as np
 
-from project.common.predictions import sigmoid, softmax, top_k_row, unsure
+from project.common.predictions import unsure
 from project.errors import ConfigError
+from project.tasks import load
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,6 +50,10 @@ class Answers:
         spec = self.state.get("min_confidence") if spec is None else spec
         return None if spec is None else min_confidence(spec, self.names)
 
+    def explained(self, scores: np.ndarray) -> int | None:
+        """The output a heat map explains (serve's page): the top class; None without classes."""
+        return int(np.argmax(scores))
+
     def rows(self, paths: list[str], logits: np.ndarray, top_k: int = 3,
              min_confidence: str | None = None) -> list[dict]:
         """One row per image, in the order of ``paths``."""
@@ -64,74 +70,36 @@ class Answers:
         return rows
 
 
-class TopClasses(Answers):
-    """One class per image: ``softmax(logits / T)``, the top ``k`` classes."""
-
-    def scores(self, logits: np.ndarray) -> np.ndarray:
-        return softmax(logits, self.temperature)
-
-    def row(self, path: str, scores: np.ndarray, k: int) -> dict:
-        return top_k_row(path, scores, self.names, k)
-
-
-class LabelsAboveThresholds(Answers):
-    """Several labels per image: ``sigmoid(logits / T)``; every label at its threshold."""
-
-    def __init__(self, names: list[str], state: dict) -> None:
-        super().__init__(names, state)
-        self.thresholds = np.asarray(state.get("thresholds") or [0.5] * len(names), np.float64)
-
-    def scores(self, logits: np.ndarray) -> np.ndarray:
-        return sigmoid(logits, self.temperature)
-
-    def row(self, path: str, scores: np.ndarray, k: int) -> dict:
-        return top_k_row(path, scores, self.names, k, self.thresholds)
-
-
-class Values(Answers):
-    """Numbers per image: the network's standardised outputs back in the targets' units."""
-
-    def __init__(self, names: list[str], state: dict) -> None:
-        super().__init__(names, state)
-        n = len(names)
-        self.mean = np.asarray(state.get("target_mean") or [0.0] * n, np.float64)
-        self.std = np.asarray(state.get("target_std") or [1.0] * n, np.float64)
-
-    def scores(self, logits: np.ndarray) -> np.ndarray:
-        return np.asarray(logits, np.float64) * self.std + self.mean
-
-    def row(self, path: str, scores: np.ndarray, k: int) -> dict:
-        values = {name: f"{v:.6f}" for name, v in zip(self.names, scores, strict=True)}
-        return {"path": path, "predicted": ";".join(values.values()), **values, "error": ""}
-
-    def policy(self, spec: str | None) -> np.ndarray | None:
-        if spec is not None or self.state.get("min_confidence") is not None:
-            raise ConfigError("--min_confidence (model.min_confidence) is for classifiers; a "
-                              "regression model answers values, with no confidence to compare")
-        return None
-
-
-ANSWERS = {"multiclass": TopClasses, "multilabel": LabelsAboveThresholds, "regression": Values}
-
-
 def answers(names: list[str], state: dict) -> Answers:
-    """The answers of a model whose ``state["task"]`` names its task (older files: multiclass)."""
-    task = state.get("task") or "multiclass"
-    if task not in ANSWERS:
-        raise ValueError(f"task '{task}' is not one this version answers ({', '.join(ANSWERS)})")
-    return ANSWERS[task](names, state)
+    """The answers of a model whose ``state["answers"]`` names its answers class (the task's, as
+    ``package.module:Class``: torch-free, so ``infer.py`` runs without torch)."""
+    spec = state.get("answers")
+    if not spec:
+        raise ValueError("holds no answers class (exported by an older version: export it again)")
+    try:
+        cls = load(spec, "answers")
+    except ConfigError as err:
+        raise ValueError(str(err)) from None
+    if not (isinstance(cls, type) and issubclass(cls, Answers)):
+        raise ValueError(f"answers '{spec}' is not an Answers class")
+    return cls(names, state)
 
 
 def to_metadata(state: dict) -> dict[str, str]:
-    """The state as an ONNX file's metadata strings (:func:`from_metadata` reads them back)."""
-    return {k: v if k == "task" else json.dumps(v) for k, v in state.items() if v is not None}
+    """The state as an ONNX file's metadata strings, each key as JSON (strings as they are), and
+    their names in ``answer_keys`` (:func:`from_metadata` reads them back)."""
+    kept = {k: v for k, v in state.items() if v is not None}
+    meta = {k: v if isinstance(v, str) else json.dumps(v) for k, v in kept.items()}
+    return {**meta, "answer_keys": json.dumps(sorted(kept))}
 
 
 def from_metadata(meta: dict[str, str]) -> dict:
     state = {}
-    for key in ("task", "temperature", "thresholds", "target_mean", "target_std", "min_confidence"):
-        if key in meta:
-            state[key] = meta[key] if key == "task" else json.loads(meta[key])
+    for key in json.loads(meta.get("answer_keys", "[]")):
+        try:
+            state[key] = json.loads(meta[key])
+        except ValueError:  # a string kept as it is (the task, the answers class)
+            state[key] = meta[key]
     return state
 
 

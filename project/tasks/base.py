@@ -1,11 +1,13 @@
 """The interface every task implements. ``ImageClassifier`` holds one and asks it for the loss,
-the metrics and the monitored metric; the commands ask it for outputs, reports and views. A new
-task is a subclass in a module of its own plus one line in ``project/tasks/__init__.py``.
+the metrics and the monitored metric; the data module asks it for targets and sampling weights;
+the commands ask it for outputs, probabilities, reports and views. A new task is a folder with a
+subclass of :class:`Task` plus one line in ``project/tasks/__init__.py`` (or, outside the
+project, ``data.task: package.module:Class``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import ClassVar
 
@@ -14,51 +16,76 @@ from torch import nn
 from torchmetrics import MaxMetric, Metric, MinMetric
 
 from project.errors import ConfigError
+from project.tasks import load
+from project.tasks.labels import Labels
 
-Loss = Callable[..., torch.Tensor]  # (logits, target, weight=None) -> a scalar
+Loss = Callable[..., torch.Tensor]  # (task, logits, target, weight=None) -> a scalar
 
 
 class Task:
-    """A task of ``num_outputs`` outputs named ``names`` (the classes, labels or values)."""
+    """A task of ``num_outputs`` outputs named ``names`` (the classes, labels or values).
+    ``settings``: the model's hyperparameters, read when used (a callback may change
+    ``label_smoothing`` mid-run and the next loss follows)."""
 
     name: ClassVar[str]
+    labels: ClassVar[type[Labels]] = Labels  # how it reads a labels table (torch-free)
+    answers: ClassVar[str]  # package.module:Class of its torch-free Answers (infer.py loads it)
     monitor: ClassVar[str] = "val/acc"  # what the best checkpoint and a sweep follow
     mode: ClassVar[str] = "max"
-    losses: ClassVar[dict[str, Callable[..., Loss]]] = {}  # model.loss -> factory(task, smoothing)
+    losses: ClassVar[dict[str, Loss]] = {}  # model.loss -> loss(task, logits, target, weight)
     default_loss: ClassVar[str]
     train_metric_name: ClassVar[str] = "train/acc"
-    # one class per image: MixUp/CutMix, balanced sampling, suspects and a fitted temperature apply
-    one_class_per_image: ClassVar[bool] = True
+    temperature_scaling: ClassVar[bool] = False  # calibrate fits a temperature of its outputs
+    reads_class_folders: ClassVar[bool] = False  # folders of class subfolders hold its labels
+    # whether data.unlabeled's objective (project/model/unlabeled.py) can train it; if so,
+    # pseudo_labels and per_image_loss turn predictions into targets and score against them
+    learns_from_unlabeled: ClassVar[bool] = False
 
-    def __init__(self, names: list[str], loss: str | None = None, label_smoothing: float = 0.0,
+    def __init__(self, names: list[str], loss: str | None = None, settings: Mapping | None = None,
                  label_stats: dict | None = None) -> None:
         self.names, self.label_stats = list(names), dict(label_stats or {})
+        self.settings = settings if settings is not None else {}
         self.loss_name = loss or self.default_loss
-        if self.loss_name not in self.losses:
+        if ":" in self.loss_name:  # an own loss: package.module:function
+            self.criterion = load(self.loss_name, "model.loss")
+        elif self.loss_name in self.losses:
+            self.criterion = self.losses[self.loss_name]
+        else:
             raise ConfigError(f"model.loss '{self.loss_name}' is not a loss of the {self.name} task; "
-                              f"choose from {', '.join(self.losses)} (or null: {self.default_loss})")
-        self.criterion = self.losses[self.loss_name](self, label_smoothing)
+                              f"choose from {', '.join(self.losses)} (or null: {self.default_loss}), or "
+                              "package.module:function for your own")
 
+    def setting(self, key: str, default=None):
+        """A model setting as it is now (read at each use, not captured when the task was made)."""
+        value = self.settings.get(key, default)
+        return default if value is None else value
+
+    # -- data ----------------------------------------------------------------------------
     @classmethod
     def summarise_labels(cls, targets: list, num_outputs: int) -> dict:
         """What the model needs to know of the training split's labels (the data module computes
-        it, the CLI links it into ``model.label_stats``): here, ``class_weights: balanced``."""
-        from project.data.samplers import inverse_frequency
+        it, the CLI links it into ``model.label_stats``)."""
+        return {}
 
-        return {"balanced_weights": inverse_frequency(targets, num_outputs).tolist()} if targets else {}
+    @staticmethod
+    def target(label: object) -> object:
+        """A sample's label as the loss takes it (a class index as it is; tuples become tensors)."""
+        return label
+
+    @classmethod
+    def sample_weights(cls, targets: list, num_outputs: int) -> torch.Tensor:
+        """Each training image's weight in a balanced draw (``data.balanced_sampling``)."""
+        raise ConfigError(f"data.balanced_sampling is for classes drawn evenly; a {cls.name} task has no "
+                          "one class per image to balance (set it to false)")
 
     def check(self, hparams: dict) -> None:
         """One-line errors for settings this task cannot honour."""
-        if not self.one_class_per_image and (hparams.get("mixup_alpha") or hparams.get("cutmix_alpha")):
+        if hparams.get("mixup_alpha") or hparams.get("cutmix_alpha"):
             raise ConfigError(f"model.mixup_alpha/cutmix_alpha must be 0 for a {self.name} task "
                               "(torchvision's MixUp and CutMix mix one class per image), got "
                               f"{(hparams.get('mixup_alpha'), hparams.get('cutmix_alpha'))}")
 
     # -- training ------------------------------------------------------------------------
-    # whether data.unlabeled's objective (project/model/unlabeled.py) can train it; if so, the
-    # two methods below turn a prediction into a pseudo-label and score a prediction against it
-    learns_from_unlabeled: ClassVar[bool] = False
-
     def pseudo_labels(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(targets, confidence in [0, 1]) for unlabeled images from the network's outputs."""
         raise NotImplementedError
@@ -69,15 +96,15 @@ class Task:
 
     def loss(self, logits: torch.Tensor, target: torch.Tensor,
              weight: torch.Tensor | None = None) -> torch.Tensor:
-        return self.criterion(logits, target, weight=weight)
+        return self.criterion(self, logits, target, weight)
 
     def train_metric(self) -> Metric:
         """Logged as ``train_metric_name`` each epoch."""
         raise NotImplementedError
 
     def stage_metrics(self, stage: str) -> nn.Module:
-        """An ``nn.Module`` with ``update(logits, target, loss)`` and ``compute() -> {name: value}``
-        (synced across ranks, then reset); its keys start with ``stage/``."""
+        """An ``nn.Module`` with ``stage``, ``update(logits, target, loss)`` and ``compute() ->
+        {name: value}`` (synced across ranks, then reset); its keys start with ``stage/``."""
         raise NotImplementedError
 
     def best_metric(self) -> Metric:
@@ -96,6 +123,17 @@ class Task:
     def outputs(self, logits: torch.Tensor, temperature: torch.Tensor | float = 1.0) -> torch.Tensor:
         """What the network's raw outputs mean: probabilities, or values in the targets' units."""
         raise NotImplementedError
+
+    def probabilities(self, logits: torch.Tensor,
+                      temperature: torch.Tensor | float = 1.0) -> torch.Tensor | None:
+        """One probability distribution over the classes per image (what suspects and suggest rank
+        by), or None for a task whose outputs are not one."""
+        return None
+
+    @property
+    def gives_probabilities(self) -> bool:
+        """Whether :meth:`probabilities` gives a distribution (suspects, suggest's margin need one)."""
+        return self.probabilities(torch.zeros(1, len(self.names))) is not None
 
     def state(self) -> dict:
         """What the answers need besides names and temperature (thresholds, target scaling):

@@ -39,7 +39,6 @@ from project.common.argv import check_data_dir
 from project.common.files import write_text
 from project.errors import ProjectError
 from project.extras.analysis.predictions import calibrated_probabilities, predict_dataset
-from project.tasks import task_class
 
 log = logging.getLogger("project")
 # A fitted T outside this range means the validation set cannot tell: every image right with a
@@ -174,10 +173,10 @@ def main(argv: list[str]) -> int:
     check_data_dir(a.data_dir)  # before the model loads
     ckpt = resolve_checkpoint(a.ckpt_path)
     task = checkpoint_task(ckpt)
-    if not task_class(task).one_class_per_image:
-        raise ProjectError(f"calibrate: '{ckpt}' is a {task} model; temperature scaling is for one "
-                           "softmax over the classes (a multi-label model's thresholds were fitted on "
-                           "the validation set during training and are in the checkpoint)")
+    if not task.temperature_scaling:
+        raise ProjectError(f"calibrate: '{ckpt}' is a {task.name} model, whose outputs have no "
+                           "temperature to fit (a multi-label model's thresholds were fitted on the "
+                           "validation set during training and are in the checkpoint)")
     numbers = calibrate_checkpoint(ckpt, a.data_dir, batch_size=a.batch_size, device=a.device)
     print(format_numbers(numbers))
     print(f"Stored in {calibration_path(ckpt)} (the checkpoint is unchanged): predict, evaluate and "

@@ -21,7 +21,6 @@ from project.cli import ProjectCLI
 from project.extras.analysis.calibration import ensure_temperature
 from project.extras.analysis.predictions import check_mirror_tta, predict_dataset
 from project.runs import resolve_checkpoint, run_config
-from project.tasks import task_class
 
 # What a run's config may hold to shorten its loops (configs/presets/debug.yaml, a quick check);
 # put back so that nothing limits the test loop. 1.0, not 1: Lightning reads an int 1 as one batch.
@@ -60,7 +59,7 @@ def main(argv: list[str]) -> int:
     run = ckpt.parent.parent
     if a.tta == "hflip":
         check_mirror_tta(read_checkpoint(ckpt, mmap=True).get("datamodule_hyper_parameters") or {})
-    calibrated = task_class(checkpoint_task(ckpt)).one_class_per_image  # one softmax to calibrate
+    calibrated = checkpoint_task(ckpt).temperature_scaling
     if int(os.environ.get("RANK", 0)) == 0 and calibrated:  # under torchrun every rank runs it
         ensure_temperature(ckpt)
     # the user's overrides come last, so they win over both the run's config and ours

@@ -34,7 +34,7 @@ from project.data.folders import FolderSplits, Sample
 from project.data.splits import stratified_folds
 from project.errors import ConfigError
 from project.extras.analysis.plots import denormalise, grid_figure, save
-from project.extras.analysis.predictions import calibrated_probabilities, predict_dataset
+from project.extras.analysis.predictions import predict_dataset
 
 log = logging.getLogger("project")
 FIELDS = ["rank", "path", "given", "predicted", "p_given", "p_predicted", "fold"]
@@ -64,9 +64,9 @@ def out_of_fold_probabilities(overrides: list[str], folds: int, seed: int = 0):
         cli = build(FOLD_ARGS, overrides)
         dm = cli.datamodule
         full = dm.splits
-        if not cli.model.task.one_class_per_image:
-            raise ConfigError(f"suspects ranks images by disagreement with their one label; data.labels "
-                              f"describes a {full.task} task, which it does not handle (evaluate's "
+        if not cli.model.task.gives_probabilities:
+            raise ConfigError(f"suspects ranks images by the probability of their one label; data.labels "
+                              f"describes a {full.task} task, which gives none (evaluate's "
                               "mistakes.csv lists the test images it gets most wrong)")
         if samples is None:
             samples, names = list(full.train), full.classes
@@ -86,7 +86,7 @@ def out_of_fold_probabilities(overrides: list[str], folds: int, seed: int = 0):
         device = "cuda" if torch.cuda.is_available() else "cpu"
         out = predict_dataset(cli.model, dm.datasets["val"], dm.batch_size, device)
         predicted = torch.tensor(held)[out["index"]]
-        probs[predicted] = calibrated_probabilities(out["logits"])
+        probs[predicted] = cli.model.task.probabilities(out["logits"])
         seen[predicted] = True
         log.info("Fold %d/%d: trained on %d images, predicted %d held-out images (%.0f s)",
                  k + 1, folds, len(samples) - len(held), len(out["index"]),

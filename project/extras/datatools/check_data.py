@@ -108,17 +108,17 @@ def scan_table(data_dir: str | Path, labels: str | Path, max_pixels: float = 40e
     table = read_table(labels, data_dir)
     findings = [Finding("error", str(labels), p.removeprefix(f"{labels} ")) for p in table.problems]
     images: list[tuple[str, str, str]] = []
-    for _, image, names, split in table.rows:
-        path = str(Path(data_dir) / image)
+    for row in table.rows:
+        path = str(Path(data_dir) / row.image)
         if not Path(path).is_file():
             continue
         problems = inspect_file(path, max_pixels)
         findings += problems
         if not any(f.severity == "skipped" for f in problems):
-            images.append((split or "train", ";".join(sorted(names)), path))
+            images.append((row.split or "train", table.labels.text(row.label), path))
     findings += [Finding("warning", path, f"not in {labels}: training leaves it out")
                  for path in (unlisted_images(table, data_dir) if table.rows else [])]  # a table unread
-    has_split = any(split for _, _, _, split in table.rows)
+    has_split = any(row.split for row in table.rows)
     return findings + copies(images, automatic_split=not has_split)
 
 

@@ -52,8 +52,7 @@ def check_dataset(dm, n: int) -> ImageDataset:
     if len(samples) > n:
         keep = np.sort(np.random.default_rng(0).permutation(len(samples))[:n])
         samples = [samples[i] for i in keep]
-    return ImageDataset(samples, dm.transform("val"), on_bad_image=dm.hparams.on_bad_image,
-                        short_side=dm.short_side("val"))
+    return dm.eval_dataset(samples)
 
 
 def parse_batches(text: str) -> tuple[int, ...]:
@@ -201,8 +200,7 @@ def _export_int8(out: Path, dm, n: int, method: str) -> None:
 
     rng = np.random.default_rng(0)
     chosen = [dm.splits.train[i] for i in rng.permutation(len(dm.splits.train))[:n]]
-    dataset = ImageDataset(chosen, dm.transform("val"), short_side=dm.short_side("val"))
-    images = (x.numpy() for x, _ in batches(dataset))
+    images = (x.numpy() for x, _ in batches(dm.eval_dataset(chosen)))
     quantize_int8(out / FILES["onnx"], out / FILES["int8"], images, method)
 
 

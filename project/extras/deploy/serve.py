@@ -181,8 +181,9 @@ class ClassifierAPI(ls.LitAPI):
         rows = self.answers.rows_from_scores([name for name, _, _ in flat], scores, self.top_k,
                                              self.min_confidence)
         for row, (_, image, cam), s in zip(rows, flat, scores, strict=True):
-            if cam:  # the top class's Grad-CAM, for the page
-                row["cam"] = grad_cam_png(self.model, image, int(s.argmax()), self.device)
+            explained = self.answers.explained(s) if cam else None  # None: no class to explain
+            if explained is not None:  # the top class's Grad-CAM, for the page
+                row["cam"] = grad_cam_png(self.model, image, explained, self.device)
         out, start = [], 0
         for files, _ in requests:
             out.append(rows[start:start + len(files)])
@@ -244,7 +245,8 @@ def model_info(ckpt: Path | None, onnx: Path | None) -> dict:
         model = load_model(ckpt)
         names, pre, state = model.class_names, model.preprocessing, model.answer_state()
     return {"classes": names, "task": state.get("task"), "file": str(path), "sha256": digest,
-            "cam": onnx is None, "temperature": state.get("temperature", 1.0), "answers": state,
+            "cam": onnx is None and answers.answers(names, state).explained(np.zeros(len(names))) is not None,
+            "temperature": state.get("temperature", 1.0), "answers": state,
             "preprocessing": {"image_size": pre.image_size, "resize_size": pre.resize_size,
                               "crop_ratio": pre.crop_ratio, "interpolation": pre.interpolation,
                               "mean": list(pre.mean), "std": list(pre.std)}}

@@ -20,7 +20,7 @@ from torch.utils.data import Dataset
 
 from project.data.datasets import bad_image_error, collate_skipping_bad, seeded_transform
 from project.data.images import DECODE_ERRORS, decode
-from project.data.samplers import SEED_RANGE, EpochSampler, epoch_seed, inverse_frequency
+from project.data.samplers import SEED_RANGE, EpochSampler, epoch_seed
 from project.errors import ConfigError
 from project.extras.streaming import objects
 from project.extras.streaming.optimize import FORMAT, MANIFEST, read_manifest
@@ -150,7 +150,7 @@ class Streamed:
             return self.loader(dm.train_set)
         world, rank = dm.world()  # drawn by random access: the chunks are read out of order
         targets = dm.train_set.targets
-        sampler = EpochSampler(len(targets), inverse_frequency(targets, dm.num_classes)[targets],
+        sampler = EpochSampler(len(targets), dm.task_type.sample_weights(targets, dm.num_classes),
                                seed=dm.run_seed(), num_replicas=world, rank=rank)
         return dm.loader(RandomAccess(dm.train_set), sampler)
 

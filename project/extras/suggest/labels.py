@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from project.common.files import write_text
-from project.data.tables import split_labels
 from project.errors import ProjectError
+from project.tasks.labels import split_labels
 
 
 @dataclass

@@ -18,7 +18,7 @@ from project.data.folders import Sample
 from project.data.images import needed_side
 from project.data.transforms import eval_transforms
 from project.errors import ProjectError
-from project.extras.analysis.predictions import calibrated_probabilities, predict_dataset
+from project.extras.analysis.predictions import predict_dataset
 
 
 @dataclass
@@ -31,7 +31,7 @@ class Pool:
     probs: torch.Tensor | None = None
     class_names: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
-    task: str = "multiclass"
+    task: str = ""
     load_labeled: Callable[[], torch.Tensor | None] = lambda: None
     _labeled: tuple[torch.Tensor | None] | None = field(default=None, repr=False)  # computed once
 
@@ -49,10 +49,6 @@ class Pool:
     def suggested(self, i: int) -> str:
         """The model's top class for image ``i`` ("" for a model without one class per image)."""
         return self.class_names[int(self.probs[i].argmax())] if self.probs is not None else ""
-
-
-def single_label(model) -> bool:
-    return model.task.name == "multiclass" and model.task.one_class_per_image
 
 
 def forward_pass(model, paths: list[str], batch_size: int = 64, device: str = "cpu",
@@ -85,7 +81,7 @@ def embed_pool(model, paths: list[str], batch_size: int = 64, device: str = "cpu
     ``labeled_paths``: the labeled images, or a function that finds them (called only when a
     strategy asks for their embeddings)."""
     index, logits, embeddings = forward_pass(model, paths, batch_size, device, num_workers)
-    probs = calibrated_probabilities(logits, model.temperature.cpu()) if single_label(model) else None
+    probs = model.task.probabilities(logits, model.temperature.cpu())  # None: no class distribution
     kept = set(index)
 
     def load_labeled() -> torch.Tensor | None:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from project.errors import ProjectError
-from project.extras.suggest.pool import Pool, embed_pool, single_label
+from project.extras.suggest.pool import Pool, embed_pool
 
 Ranking = list[tuple[int, float]]
 CANDIDATES_PER_PICK = 10  # margin-kcenter: k-center among the 10 x n least certain images
@@ -106,7 +106,7 @@ def check_strategy(strategy: str, model=None) -> Callable[[Pool, int, int], Rank
     if strategy not in STRATEGIES:
         raise ProjectError(f"--strategy '{strategy}' is unknown; choose from {', '.join(STRATEGIES)}")
     fn = STRATEGIES[strategy]
-    if model is not None and getattr(fn, "needs_probabilities", False) and not single_label(model):
+    if model is not None and getattr(fn, "needs_probabilities", False) and not model.task.gives_probabilities:
         raise ProjectError(f"--strategy {strategy} ranks by the class probabilities of a model with one "
                            f"class per image; this checkpoint's task is {model.task.name}: use "
                            "--strategy k-center or random")

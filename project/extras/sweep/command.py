@@ -134,8 +134,8 @@ def default_objective(config) -> tuple[str, str]:
     if labels:
         from project.data.tables import read_table
 
-        task = read_table(labels, config.get("data.data_dir")).task(task)
-    cls = tasks.task_class(tasks.DEFAULT if task == "auto" else task)
+        task = read_table(labels, config.get("data.data_dir"), task=task).task or task
+    cls = tasks.task_class(None if task == "auto" else task)
     return cls.monitor, cls.mode
 
 

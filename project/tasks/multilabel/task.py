@@ -4,7 +4,6 @@ The thresholds travel in the checkpoint and the ONNX metadata (``state``)."""
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import torch
@@ -12,29 +11,43 @@ from torch import nn
 from torchmetrics import Metric
 from torchmetrics.classification import MultilabelExactMatch
 
-from project.extras.multilabel.task import MultilabelStageMetrics, decisions, multilabel_loss
 from project.tasks.base import Task
+from project.tasks.multilabel.labels import SeveralClasses
+from project.tasks.multilabel.metrics import MultilabelStageMetrics, decisions, multilabel_loss
 
 
-def bce(task: Task, label_smoothing: float):
-    return functools.partial(multilabel_loss, label_smoothing=label_smoothing, kind="bce")
+def bce(task: Task, logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None):
+    return multilabel_loss(logits, target, weight, task.setting("label_smoothing", 0.0), "bce")
 
 
-def asymmetric(task: Task, label_smoothing: float):
-    return functools.partial(multilabel_loss, label_smoothing=label_smoothing, kind="asymmetric")
+def asymmetric(task: Task, logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None):
+    return multilabel_loss(logits, target, weight, task.setting("label_smoothing", 0.0), "asymmetric")
 
 
 class MultiLabel(Task):
     name = "multilabel"
+    labels = SeveralClasses
+    answers = "project.tasks.multilabel.answers:LabelsAboveThresholds"
     monitor = "val/map"  # val/acc is the exact-match ratio: harsh and bound to the thresholds
     losses = {"bce": bce, "asymmetric": asymmetric}
     default_loss = "bce"
-    one_class_per_image = False
 
-    def __init__(self, names: list[str], loss: str | None = None, label_smoothing: float = 0.0,
+    def __init__(self, names: list[str], loss: str | None = None, settings=None,
                  label_stats: dict | None = None) -> None:
-        super().__init__(names, loss, label_smoothing, label_stats)
+        super().__init__(names, loss, settings, label_stats)
         self.thresholds = torch.full((len(names),), 0.5)  # refitted in place by val's metrics
+
+    @classmethod
+    def summarise_labels(cls, targets: list, num_outputs: int) -> dict:
+        """``class_weights: balanced``: each label's negatives per positive (BCE's ``pos_weight``)."""
+        if not targets:
+            return {}
+        positives = torch.as_tensor(targets).double().sum(0).clamp(min=1)
+        return {"balanced_weights": ((len(targets) - positives) / positives).tolist()}
+
+    @staticmethod
+    def target(label: object) -> torch.Tensor:
+        return torch.tensor(label, dtype=torch.float32)  # 0/1 per label, as BCE takes it
 
     def train_metric(self) -> Metric:
         return MultilabelExactMatch(len(self.names))
@@ -63,20 +76,20 @@ class MultiLabel(Task):
             self.thresholds.copy_(torch.tensor(state["thresholds"]))
 
     def export_score(self):
-        from project.extras.multilabel.task import per_label_ap
+        from project.tasks.multilabel.metrics import per_label_ap
 
         def mean_ap(logits: torch.Tensor, target: torch.Tensor) -> float:
             return float(per_label_ap(logits.float().sigmoid(), target).nanmean())
         return "val_map", mean_ap
 
     def log_views(self, writer, result, stage, step, epoch, top=5) -> None:
-        from project.extras.multilabel.dashboards import log_multilabel
+        from project.tasks.multilabel.views import log_multilabel
 
         log_multilabel(writer, result, self.names, self.thresholds, stage, step, epoch)
 
     def write_report(self, model, result, checkpoint: str, out_dir: Path, samples, dataset,
                      top: int, target_acc: float) -> None:
-        from project.extras.multilabel.report import write_multilabel_report
+        from project.tasks.multilabel.report import write_multilabel_report
 
         write_multilabel_report(result, self.names, checkpoint, out_dir, samples, dataset, self.thresholds)
 

@@ -1,4 +1,4 @@
-"""The multi-label task's numbers (``project/tasks/multilabel.py`` is the task): BCE or the
+"""The multi-label task's numbers (``task.py`` is the task): BCE or the
 asymmetric loss, mAP, and metrics at per-label thresholds fitted on the validation set.
 
 Loaded only for a multi-label model. The thresholds maximise each label's F1 on the validation

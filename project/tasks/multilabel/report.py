@@ -16,8 +16,8 @@ from torchmetrics.functional.classification import multilabel_stat_scores
 
 from project.common.files import atomic_path, write_text
 from project.extras.analysis.plots import save
-from project.extras.multilabel.dashboards import cooccurrence_figure
-from project.extras.multilabel.task import decisions, per_label_ap
+from project.tasks.multilabel.metrics import decisions, per_label_ap
+from project.tasks.multilabel.views import cooccurrence_figure
 
 SUMMARY = [("map", "mean average precision (macro)"), ("map_micro", "mean average precision (micro)"),
            ("acc", "exact match (every label right)"), ("f1", "macro F1"),

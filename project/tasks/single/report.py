@@ -14,7 +14,6 @@ from pathlib import Path
 import torch
 from torchmetrics.functional.classification import multiclass_accuracy, multiclass_f1_score
 
-from project.callbacks.dashboards import confused_pairs, confusion_figure, pairs_markdown
 from project.common.files import write_text
 from project.common.preprocessing import Preprocessing
 from project.extras.analysis.abstain import abstain_markdown, abstain_numbers, risk_coverage_figure
@@ -22,7 +21,8 @@ from project.extras.analysis.calibration import calibration_numbers
 from project.extras.analysis.plots import curves_figure, reliability_figure, save
 from project.extras.analysis.predictions import calibrated_probabilities
 from project.extras.analysis.rows import mistakes, sample_rows, top_losses_figure, write_mistakes_csv
-from project.model.metrics import PER_CLASS
+from project.tasks.single.metrics import PER_CLASS
+from project.tasks.single.views import confused_pairs, confusion_figure, pairs_markdown
 
 
 def per_class_table(values: dict[str, torch.Tensor], stage: str, class_names: list[str],

@@ -20,29 +20,31 @@ from torchmetrics import CatMetric, MeanAbsoluteError, MeanMetric, Metric
 
 from project.errors import ConfigError
 from project.tasks.base import Task
+from project.tasks.regression.labels import Numbers
 
 
-def huber(task: Task, label_smoothing: float):
+def huber(task: Task, out: torch.Tensor, target: torch.Tensor, weight=None) -> torch.Tensor:
     """Huber loss on standardised targets (quadratic within one standard deviation, linear past
     it): robust to the odd mislabelled number."""
-    return lambda out, target, weight=None: nn.functional.huber_loss(out.float(), task.standardise(target))
+    return nn.functional.huber_loss(out.float(), task.standardise(target))
 
 
-def mse(task: Task, label_smoothing: float):
-    return lambda out, target, weight=None: nn.functional.mse_loss(out.float(), task.standardise(target))
+def mse(task: Task, out: torch.Tensor, target: torch.Tensor, weight=None) -> torch.Tensor:
+    return nn.functional.mse_loss(out.float(), task.standardise(target))
 
 
 class Regression(Task):
     name = "regression"
+    labels = Numbers
+    answers = "project.tasks.regression.answers:Values"
     monitor, mode = "val/mae", "min"
     losses = {"huber": huber, "mse": mse}
     default_loss = "huber"
-    one_class_per_image = False
     train_metric_name = "train/mae"
 
-    def __init__(self, names: list[str], loss: str | None = None, label_smoothing: float = 0.0,
+    def __init__(self, names: list[str], loss: str | None = None, settings=None,
                  label_stats: dict | None = None) -> None:
-        super().__init__(names, loss, label_smoothing, label_stats)
+        super().__init__(names, loss, settings, label_stats)
         n = len(names)
         self.mean = torch.tensor(self.label_stats.get("target_mean") or [0.0] * n, dtype=torch.float32)
         self.std = torch.tensor(self.label_stats.get("target_std") or [1.0] * n, dtype=torch.float32)
@@ -53,6 +55,10 @@ class Regression(Task):
         std = values.std(0, unbiased=False) if len(values) > 1 else torch.ones(num_outputs)
         return {"target_mean": values.mean(0).tolist(),
                 "target_std": torch.where(std > 1e-12, std, torch.ones_like(std)).tolist()}
+
+    @staticmethod
+    def target(label: object) -> torch.Tensor:
+        return torch.tensor(label, dtype=torch.float32)
 
     def check(self, hparams: dict) -> None:
         super().check(hparams)

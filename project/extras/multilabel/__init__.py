@@ -1,1 +1,0 @@
-"""Multi-label classification: see project/extras/multilabel/task.py."""

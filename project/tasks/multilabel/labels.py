@@ -1,0 +1,42 @@
+"""A labels table of several labels per image: ``image,labels`` with names separated by ``;``
+(or spaces) in a cell; with ``data.task=multilabel``, a ``label`` column too."""
+
+from __future__ import annotations
+
+from project.data.samples import Sample
+from project.data.splits import iterative_split, split_off
+from project.tasks.labels import Labels, Row, split_labels, unknown_in_evaluation
+
+
+class SeveralClasses(Labels):
+    format = "labels (several per image, separated by ';' or spaces)"
+
+    @classmethod
+    def claim(cls, columns: list[str], cells: dict[str, list[str]]) -> list[str] | None:
+        several = "labels" in columns and any(len(split_labels(c, True)) > 1 for c in cells["labels"])
+        return ["labels"] if several else None
+
+    @classmethod
+    def accept(cls, columns: list[str], cells: dict[str, list[str]]) -> list[str] | None:
+        return next(([c] for c in ("labels", "label") if c in columns), None)
+
+    def read(self, row: dict[str, str]) -> tuple[object, str | None]:
+        names = split_labels(row.get(self.columns[0]) or "", self.columns[0] == "labels")
+        return (names or None), None
+
+    def check(self, rows: list[Row]) -> list[str]:
+        return unknown_in_evaluation(self, rows, lambda label: label)
+
+    def names(self, rows: list[Row]) -> list[str]:
+        return sorted({n for r in rows for n in r.label})
+
+    def encode(self, label: object, names: list[str]) -> object:
+        return tuple(int(n in label) for n in names)
+
+    def text(self, label: object) -> str:
+        return ";".join(sorted(label))
+
+    def split(self, train: list[Sample], test: list[Sample] | None, val_fraction: float,
+              test_fraction: float, seed: int, folder) -> tuple[list[Sample], ...]:
+        """Iterative stratification: every label keeps its share in each split."""
+        return split_off(train, test, val_fraction, test_fraction, seed, folder, iterative_split)

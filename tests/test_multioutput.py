@@ -1,0 +1,177 @@
+"""Multi-output classification, the fourth task: a table of two word columns (shape, colour)
+trains one softmax per column, logs each column's accuracy and macro F1, resumes, evaluates,
+predicts, exports and serves with one class per column."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from project.checkpoints import load_model, read_checkpoint
+from project.data.tables import discover_table
+from tests.conftest import QUICK, best_ckpt, cli, fit_args, one_error, only_run, scalars
+
+MO_ARGS = ("--model.input.crop_ratio=1.0",)  # 32 px at 32 px: predict and infer read the same pixels
+COLOURS = {"red": (1.0, 0.3, 0.3), "green": (0.3, 1.0, 0.3), "blue": (0.3, 0.3, 1.0)}
+
+
+@pytest.fixture(scope="session")
+def shape_colour_data(tiny_data, tmp_path_factory) -> Path:
+    """tiny_data's 80 shapes, each tinted red, green or blue, in one flat folder with
+    ``labels.csv`` (image, shape, colour): two word columns."""
+    from PIL import Image
+
+    out = tmp_path_factory.mktemp("shape-colour")
+    (out / "img").mkdir()
+    rng = np.random.default_rng(0)
+    rows = ["image,shape,colour"]
+    for k, path in enumerate(sorted(tiny_data.rglob("*.png"))):
+        colour = list(COLOURS)[int(rng.integers(3))]
+        pixels = np.asarray(Image.open(path).convert("RGB"), np.float32) * np.array(COLOURS[colour])
+        Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(out / "img" / f"{k:03d}.png")
+        rows.append(f"img/{k:03d}.png,{path.parent.name},{colour}")
+    (out / "labels.csv").write_text("\n".join(rows) + "\n")
+    return out
+
+
+def mo_args(data: Path, *extra: str, epochs: int = 3, table: str = "labels.csv") -> list[str]:
+    return fit_args(data, f"--data.labels={data / table}", *MO_ARGS, *extra, epochs=epochs)
+
+
+@pytest.fixture(scope="module")
+def multioutput_run(shape_colour_data, tmp_path_factory) -> Path:
+    cwd = tmp_path_factory.mktemp("mo-run")
+    assert cli(["fit", *mo_args(shape_colour_data)], cwd) == 0
+    return only_run(cwd / "logs")
+
+
+def test_two_word_columns_are_a_multioutput_task_split_over_both(shape_colour_data):
+    splits = discover_table(shape_colour_data / "labels.csv", shape_colour_data)
+    assert splits.task == "multioutput"
+    assert splits.classes == ["shape=checker", "shape=circle", "shape=cross", "shape=dots", "shape=square",
+                              "colour=blue", "colour=green", "colour=red"]
+    assert all(len(s.label) == 2 and all(isinstance(i, int) for i in s.label) for s in splits.train)
+    for part in (splits.val, splits.test):  # every class of both columns in each split
+        assert {s.label[0] for s in part} == set(range(5)) and {s.label[1] for s in part} == set(range(3))
+
+
+def test_words_stay_words_and_numbers_beside_them_are_classes(shape_colour_data, tmp_path):
+    rows = (shape_colour_data / "labels.csv").read_text().splitlines()
+    table = tmp_path / "digits.csv"  # the colour as a number code: still a class, never a value
+    codes = {"red": "1", "green": "2", "blue": "3"}
+    table.write_text("image,shape,code\n" + "\n".join(
+        f"{r.rsplit(',', 1)[0]},{codes[r.rsplit(',', 1)[1]]}" for r in rows[1:]) + "\n")
+    splits = discover_table(table, shape_colour_data)
+    assert splits.task == "multioutput" and "code=1" in splits.classes
+
+
+@pytest.mark.parametrize(("edit", "says"), [
+    (lambda r: r.replace(",red", ",blue").replace(",green", ",blue"),
+     "column 'colour' holds one class ('blue')"),
+    (lambda r: r if not r.startswith("img/000.png") else r + "\nimg/001.png,circle,",
+     "has no class in column"),
+])
+def test_a_column_that_cannot_train_is_one_line_naming_it(shape_colour_data, tmp_path, capsys, edit, says):
+    text = (shape_colour_data / "labels.csv").read_text()
+    lines = text.splitlines()
+    table = tmp_path / "bad.csv"
+    table.write_text("\n".join([lines[0], *[edit(r) for r in lines[1:] if not r.startswith("img/001.png")]])
+                     + "\n")
+    assert cli(["fit", *mo_args(shape_colour_data, *QUICK, epochs=1, table=str(table))], tmp_path) == 2
+    assert says in one_error(capsys.readouterr().err)
+    assert not (tmp_path / "logs").exists()
+
+
+def test_a_class_no_training_row_has_is_one_line(shape_colour_data, tmp_path, capsys):
+    lines = (shape_colour_data / "labels.csv").read_text().splitlines()
+    table = tmp_path / "split.csv"
+    body = [f"{r},train" for r in lines[1:]] + ["img/000.png,circle,purple,val"]
+    table.write_text("image,shape,colour,split\n" + "\n".join(body[1:]) + "\n")
+    assert cli(["fit", *mo_args(shape_colour_data, *QUICK, epochs=1, table=str(table))], tmp_path) == 2
+    assert "label colour=purple of 'img/000.png' is unknown" in one_error(capsys.readouterr().err)
+
+
+def test_a_multioutput_run_logs_each_column_and_keeps_the_best_mean(multioutput_run):
+    series = scalars(multioutput_run)
+    for tag in ("val/acc", "val/macro_f1", "val/acc_best", "val/loss", "train/acc",
+                "val/per_column/acc/shape", "val/per_column/acc/colour",
+                "val/per_column/macro_f1/shape", "val/per_column/macro_f1/colour"):
+        assert len(series[tag]) == 3, tag
+    for (_, mean), (_, a), (_, b) in zip(series["val/acc"], series["val/per_column/acc/shape"],
+                                         series["val/per_column/acc/colour"], strict=True):
+        assert mean == pytest.approx((a + b) / 2, abs=1e-6)  # the monitored metric: the columns' mean
+    assert series["val/per_column/acc/colour"][-1][1] > 0.6  # colour is easy: it learns
+    hp = read_checkpoint(best_ckpt(multioutput_run))["hyper_parameters"]
+    assert hp["task"] == "multioutput" and hp["num_classes"] == 8
+
+
+def test_multioutput_evaluate_predict_export_infer_and_serve_agree(multioutput_run, shape_colour_data,
+                                                                   tmp_path):
+    from project.extras.deploy.export import export_checkpoint
+    from project.extras.deploy.infer import main as infer_main
+    from project.extras.deploy.predict import predict_files
+    from project.extras.deploy.serve import ClassifierAPI
+
+    ckpt = best_ckpt(multioutput_run)
+    assert cli(["evaluate", str(ckpt)], tmp_path) == 0
+    report = json.loads((ckpt.parent / "report.json").read_text())
+    assert report["task"] == "multioutput" and set(report["columns"]) == {"shape", "colour"}
+    columns = report["columns"]
+    assert report["acc"] == pytest.approx((columns["shape"]["acc"] + columns["colour"]["acc"]) / 2, abs=1e-5)
+    assert (ckpt.parent / "confusion_colour.png").is_file() and "per_column" not in report["columns"]
+
+    out = tmp_path / "export"
+    result = export_checkpoint(ckpt, out, ["onnx"], repeats=1)
+    assert result["metric"] == "val_acc" and result["formats"]["onnx"]["max_abs_diff"] <= 1e-4
+    meta = {p.key: p.value for p in onnx.load(str(out / "model.onnx")).metadata_props}
+    assert meta["task"] == "multioutput"
+
+    model = load_model(ckpt)
+    images = sorted((shape_colour_data / "img").glob("*.png"))[:6]
+    rows = predict_files(model, [str(p) for p in images])
+    assert list(rows[0])[:5] == ["path", "predicted", "confidence", "shape", "shape_prob"]
+    assert all(r["predicted"] == f"{r['shape']};{r['colour']}" for r in rows)
+    csv_out = tmp_path / "infer.csv"
+    images_dir = str(shape_colour_data / "img")
+    assert infer_main([str(out / "model.onnx"), images_dir, "--output", str(csv_out)]) == 0
+    by_path = {r["path"]: r for r in csv.DictReader(csv_out.open())}
+    for row in rows:  # ONNX Runtime and PyTorch: the same class per column, the same probabilities
+        other = by_path[row["path"]]
+        assert (other["shape"], other["colour"]) == (row["shape"], row["colour"])
+        assert float(other["colour_prob"]) == pytest.approx(float(row["colour_prob"]), abs=1e-5)
+    api = ClassifierAPI(ckpt, None)
+    api.setup("cpu")
+    request = {"raw": base64.b64encode(images[0].read_bytes()).decode()}
+    served = api.encode_response(api.predict(api.decode_request(request)))["predictions"][0]
+    assert (served["shape"], served["colour"]) == (rows[0]["shape"], rows[0]["colour"])
+    with torch.no_grad():  # one class per column: each column's own softmax
+        probs = model.task.outputs(model(torch.zeros(1, 3, 32, 32)))
+    assert probs[0, :5].sum() == pytest.approx(1.0) and probs[0, 5:].sum() == pytest.approx(1.0)
+
+
+def test_a_multioutput_sweep_maximises_the_mean_accuracy(shape_colour_data):
+    from jsonargparse import Namespace
+
+    from project.extras.sweep.command import default_objective
+
+    config = Namespace({"data.labels": str(shape_colour_data / "labels.csv"),
+                        "data.data_dir": str(shape_colour_data)})
+    assert default_objective(config) == ("val/acc", "max")
+
+
+@pytest.mark.slow
+def test_a_multioutput_run_resumes_bit_exactly(shape_colour_data, tmp_path):
+    from tests.test_schedule import EVERY_EPOCH, straight_and_resumed
+
+    common = ["--trainer.deterministic=true", "--trainer.limit_train_batches=3", *EVERY_EPOCH]
+    a, b, run_a, run_b = straight_and_resumed(mo_args(shape_colour_data, *common, epochs=2), tmp_path)
+    for key, tensor in a["state_dict"].items():
+        assert torch.equal(tensor, b["state_dict"][key]), key
+    assert scalars(run_a)["val/acc"][-1] == scalars(run_b)["val/acc"][-1]
