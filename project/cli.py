@@ -1,6 +1,7 @@
 """Command line: LightningCLI for fit/validate/test (``python -m project fit --config
 configs/train.yaml [--key=value ...] [--run_dir DIR]``), plus the project's own COMMANDS."""
 
+import difflib
 import importlib
 import logging
 import sys
@@ -16,7 +17,7 @@ from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from project.callbacks.guards import Guards
 from project.common.argv import check_renamed, pop_option
 from project.data import FolderDataModule
-from project.errors import ProjectError
+from project.errors import ConfigError, ProjectError
 from project.model import ImageClassifier
 from project.model.backbones import resolve_preprocessing
 
@@ -189,8 +190,9 @@ def main(argv: list[str] | None = None) -> int:
             print("Project commands (each takes --help): " + ", ".join(COMMANDS) +
                   "\nLightningCLI subcommands follow.\n")
         if argv and argv[0] in COMMANDS:
-            module, function = COMMANDS[argv[0]].split(":")
-            return getattr(importlib.import_module(module), function)(argv[1:]) or 0
+            return load_command(argv[0])(argv[1:]) or 0
+        if argv and not argv[0].startswith("-") and argv[0] not in ProjectCLI.subcommands():
+            raise ConfigError(unknown_command(argv[0]))
         argv, run_dir = pop_option(argv, "--run_dir")
         if argv and argv[0] in ("validate", "test"):
             from project.runs import resolve_ckpt_alias  # --ckpt_path best|last
@@ -206,6 +208,30 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:
         close_process_group()
+
+
+def command_names() -> list[str]:
+    return [*ProjectCLI.subcommands(), *COMMANDS]
+
+
+def unknown_command(word: str) -> str:
+    """Why ``word`` runs nothing, with the nearest command names (LightningCLI's own message
+    would list only fit, validate and test)."""
+    close = difflib.get_close_matches(word, command_names(), n=2, cutoff=0.5)
+    guess = f"; did you mean {' or '.join(close)}?" if close else "."
+    return f"'{word}' is not a command{guess} Commands: {', '.join(command_names())}"
+
+
+def load_command(name: str):
+    """The function of COMMANDS[name], imported now; a module that does not import (a missing
+    package, a syntax error) or a misspelt function is one line naming the command and the cause."""
+    module, _, function = COMMANDS[name].partition(":")
+    try:
+        return getattr(importlib.import_module(module), function)
+    except (ImportError, SyntaxError, AttributeError) as err:
+        cause = " ".join(f"{type(err).__name__}: {err}".split())
+        raise ConfigError(f"command '{name}' cannot start: {COMMANDS[name]} does not load ({cause}); "
+                          "reinstall the project (pip install -e .) or fix that entry") from None
 
 
 def close_process_group() -> None:
