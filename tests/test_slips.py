@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 import project.cli
-from tests.conftest import cli, one_error
+from project.model import backbones
+from tests.conftest import cli, fit_args, one_error
 
 OWN = "tests.own_backbone:tiny_net"
 
@@ -34,3 +35,24 @@ def test_a_command_that_does_not_load_is_one_line_naming_it(entry, cause, tmp_pa
     assert cli(["broken", "--help"], tmp_path) == 2
     line = one_error(capsys.readouterr().err)
     assert line.startswith(f"error: command 'broken' cannot start: {entry} does not load") and cause in line
+
+
+def test_an_own_head_name_that_names_no_layer_is_one_line_listing_the_layers(tiny_data, tmp_path, capsys):
+    args = fit_args(tiny_data, "--model.backbone=tests.own_backbone:misnamed_head_net", epochs=1)
+    assert cli(["fit", *args], tmp_path) == 2
+    line = one_error(capsys.readouterr().err)
+    assert "head_name 'fc' names no layer of Sequential (its layers there: 0, 1, 2, 3, 4, 5)" in line
+
+
+def test_an_own_head_that_cannot_be_replaced_says_why_without_contradiction():
+    with pytest.raises(backbones.WeightsError) as mlp:  # (a) a 1x1-conv head: linear, not mlp
+        backbones.build("tests.own_backbone:conv_head_net", None, 5, backbones.Head.of("mlp"), 32)
+    assert ("model.head=mlp needs a linear classification layer; Sequential's '2' is a Conv2d, which only "
+            "model.head=linear replaces") in str(mlp.value)
+    assert backbones.build("tests.own_backbone:conv_head_net", None, 5, backbones.Head.of("linear"), 32)
+    with pytest.raises(backbones.WeightsError) as other:  # (b) neither Linear nor Conv2d
+        backbones.build("tests.own_backbone:wrapped_head_net", None, 5, backbones.Head.of("linear"), 32)
+    message = str(other.value)
+    assert "'4' is a Sequential, neither nn.Linear nor nn.Conv2d; head_name must name its last" in message
+    assert "use model.head=linear" not in message
+
