@@ -5,9 +5,11 @@ weights, an optimizer LR nothing reads, a printed setting the fuzz does not know
 from __future__ import annotations
 
 import pytest
+import torch
 
 import project.cli
 from project.model import backbones
+from tests import own_backbone
 from tests.conftest import cli, fit_args, one_error
 
 OWN = "tests.own_backbone:tiny_net"
@@ -55,4 +57,38 @@ def test_an_own_head_that_cannot_be_replaced_says_why_without_contradiction():
     message = str(other.value)
     assert "'4' is a Sequential, neither nn.Linear nor nn.Conv2d; head_name must name its last" in message
     assert "use model.head=linear" not in message
+
+
+def known_tiny_net() -> dict[str, torch.Tensor]:
+    """A tiny_net's tensors, each filled with values no initialisation draws."""
+    state = own_backbone.tiny_net().state_dict()
+    return {k: torch.arange(v.numel(), dtype=v.dtype).reshape(v.shape) / 7 + 0.5
+            if v.is_floating_point() else v for k, v in state.items()}
+
+
+@pytest.mark.parametrize("shape", ["state dict", "template checkpoint"])
+def test_own_network_weights_reach_the_model_through_the_strict_loader(shape, tmp_path):
+    state = known_tiny_net()
+    saved = state if shape == "state dict" else {"state_dict": {f"net.{k}": v for k, v in state.items()}}
+    torch.save(saved, tmp_path / "own.pth")
+    net = backbones.build(OWN, str(tmp_path / "own.pth"), 5, image_size=32).net
+    for key in ("0.weight", "0.bias", "1.weight", "1.running_mean"):  # the body, not the new head
+        torch.testing.assert_close(net.state_dict()[key], state[key])
+    assert net[5].out_features == 5
+
+
+@pytest.mark.parametrize("slip", ["wrong shape", "missing"])
+def test_own_network_weights_that_do_not_fit_are_one_line_naming_the_tensor(slip, tiny_data, tmp_path,
+                                                                           capsys):
+    state = known_tiny_net()
+    if slip == "wrong shape":
+        state["0.weight"] = torch.zeros(8, 3, 5, 5)
+    else:
+        del state["0.weight"]
+    torch.save(state, tmp_path / "own.pth")
+    args = fit_args(tiny_data, f"--model.backbone={OWN}", f"--model.weights={tmp_path / 'own.pth'}", epochs=1)
+    assert cli(["fit", *args], tmp_path) == 2
+    line = one_error(capsys.readouterr().err)
+    assert f"model.weights file '{tmp_path / 'own.pth'}' does not fit {OWN}" in line and "'0.weight'" in line
+    assert not (tmp_path / "logs").exists()
 
