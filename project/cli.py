@@ -3,6 +3,7 @@ configs/train.yaml [--key=value ...] [--run_dir DIR]``), plus the project's own 
 
 import difflib
 import importlib
+import inspect
 import logging
 import sys
 import warnings
@@ -95,6 +96,7 @@ class ProjectCLI(LightningCLI):
         seed = config.get("seed_everything")
         if config.data.get("seed") is None and isinstance(seed, int) and not isinstance(seed, bool):
             config.data.seed = config.seed_everything  # the training draw follows the run's seed
+        check_optimizer_lr(config.model)
         trainer = config.trainer
         on_gpu = torch.cuda.is_available() and "cpu" not in str(trainer.get("accelerator") or "auto")
         if not on_gpu and str(trainer.get("precision")) in ("16-mixed", "16") and not cpu_has_bfloat16():
@@ -143,6 +145,28 @@ def linked_preprocessing(backbone: str, weights: str | None, given):
     except (ProjectError, TypeError):
         return None
     return {k: list(v) if isinstance(v, tuple) else v for k, v in pre.items()}
+
+
+def check_optimizer_lr(model: Namespace) -> None:
+    """``model.optimizer.init_args.lr`` is shown (jsonargparse cannot link ``model.lr`` into a
+    callable's init_args) but not read: every parameter group has its own LR, from ``model.lr``.
+    A value other than the class's default (what every saved config.yaml holds) or ``model.lr``
+    would be silently ignored, so it is refused in one line naming ``model.lr``."""
+    optimizer = model.get("optimizer")
+    if not isinstance(optimizer, Namespace) or not isinstance(optimizer.get("init_args"), Namespace):
+        return
+    given = optimizer.init_args.get("lr")
+    try:
+        cls = getattr(importlib.import_module(optimizer.class_path.rpartition(".")[0]),
+                      optimizer.class_path.rpartition(".")[2])
+        default = inspect.signature(cls).parameters["lr"].default
+    except (ImportError, AttributeError, KeyError, TypeError, ValueError):
+        return  # an optimizer without an lr parameter: nothing shown to ignore
+    if given is None or given == default or given == model.get("lr"):
+        return
+    raise ConfigError(f"model.optimizer.init_args.lr={given} is not read: every parameter group's learning "
+                      f"rate comes from model.lr (now {model.get('lr')}, times head_lr_mult for the head); "
+                      f"set model.lr={given} instead and leave model.optimizer.init_args.lr out")
 
 
 def follow_task(model, trainer) -> None:

@@ -84,7 +84,6 @@ VALID = {
     ("model.head.hidden", "99999999999999999999"): "the default linear head has no hidden layer",
     ("model.base_batch_size", "99999999999999999999"): "read only by lr_scaling (none by default)",
     ("model.input.mean", "[0,0,0]"): "no shift: any finite mean is (Guards names an input out of range)",
-    ("model.optimizer.init_args.lr", "1e400"): "model.lr sets every group's LR; torch checks only the sign",
     ("model.optimizer.init_args.weight_decay", "1e400"): SGD_ACCEPTS,
     ("model.optimizer.init_args.momentum", "1.01"): SGD_ACCEPTS,
     ("model.optimizer.init_args.dampening", "-0.01"): SGD_ACCEPTS,

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import project.cli
+from project.cli import ProjectCLI
 from project.model import backbones
 from tests import own_backbone
 from tests.conftest import cli, fit_args, one_error
@@ -91,4 +92,14 @@ def test_own_network_weights_that_do_not_fit_are_one_line_naming_the_tensor(slip
     line = one_error(capsys.readouterr().err)
     assert f"model.weights file '{tmp_path / 'own.pth'}' does not fit {OWN}" in line and "'0.weight'" in line
     assert not (tmp_path / "logs").exists()
+
+
+def test_an_optimizer_lr_that_nothing_reads_is_refused_naming_model_lr(tiny_data, tmp_path, capsys):
+    args = fit_args(tiny_data, "--model.optimizer.init_args.lr=0.5", epochs=1)
+    assert cli(["fit", *args], tmp_path) == 2
+    line = one_error(capsys.readouterr().err)
+    assert "model.optimizer.init_args.lr=0.5 is not read" in line and "set model.lr=0.5 instead" in line
+    # what every saved config.yaml holds (SGD's own default), or model.lr itself, is no conflict
+    for lr in ("0.001", "0.01"):
+        assert ProjectCLI(args=fit_args(tiny_data, f"--model.optimizer.init_args.lr={lr}"), run=False).model
 
