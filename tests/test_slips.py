@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+import yaml
 
 import project.cli
 from project.cli import ProjectCLI
 from project.model import backbones
 from tests import own_backbone
-from tests.conftest import cli, fit_args, one_error
+from tests.conftest import TRAIN_CONFIG, cli, fit_args, one_error
+from tests.test_fuzz import BAD, KINDS, VALID, flat
 
 OWN = "tests.own_backbone:tiny_net"
 
@@ -102,4 +104,14 @@ def test_an_optimizer_lr_that_nothing_reads_is_refused_naming_model_lr(tiny_data
     # what every saved config.yaml holds (SGD's own default), or model.lr itself, is no conflict
     for lr in ("0.001", "0.01"):
         assert ProjectCLI(args=fit_args(tiny_data, f"--model.optimizer.init_args.lr={lr}"), run=False).model
+
+
+def test_every_printed_key_has_a_kind(tmp_path, capsys):
+    """tests/test_fuzz.py tries bad values of every key in KINDS (slow tier); a key the config
+    grows without an entry would go untried, so this check runs in the fast tier."""
+    assert cli(["fit", "--config", str(TRAIN_CONFIG), "--print_config"], tmp_path) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    keys = flat(printed["model"], "model.") + flat(printed["data"], "data.")
+    assert sorted(keys) == sorted(KINDS), set(keys) ^ set(KINDS)
+    assert not [(k, v) for k, v in VALID if v not in BAD[KINDS[k]]], "VALID names a value BAD lacks"
 
