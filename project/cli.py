@@ -1,7 +1,9 @@
 """Command line: LightningCLI for fit/validate/test (``python -m project fit --config
 configs/train.yaml [--key=value ...] [--run_dir DIR]``), plus the project's own COMMANDS."""
 
+import difflib
 import importlib
+import inspect
 import logging
 import sys
 import warnings
@@ -16,7 +18,7 @@ from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from project.callbacks.guards import Guards
 from project.common.argv import check_renamed, pop_option
 from project.data import FolderDataModule
-from project.errors import ProjectError
+from project.errors import ConfigError, ProjectError
 from project.model import ImageClassifier
 from project.model.backbones import resolve_preprocessing
 
@@ -94,6 +96,7 @@ class ProjectCLI(LightningCLI):
         seed = config.get("seed_everything")
         if config.data.get("seed") is None and isinstance(seed, int) and not isinstance(seed, bool):
             config.data.seed = config.seed_everything  # the training draw follows the run's seed
+        check_optimizer_lr(config.model)
         trainer = config.trainer
         on_gpu = torch.cuda.is_available() and "cpu" not in str(trainer.get("accelerator") or "auto")
         if not on_gpu and str(trainer.get("precision")) in ("16-mixed", "16") and not cpu_has_bfloat16():
@@ -144,6 +147,28 @@ def linked_preprocessing(backbone: str, weights: str | None, given):
     return {k: list(v) if isinstance(v, tuple) else v for k, v in pre.items()}
 
 
+def check_optimizer_lr(model: Namespace) -> None:
+    """``model.optimizer.init_args.lr`` is shown (jsonargparse cannot link ``model.lr`` into a
+    callable's init_args) but not read: every parameter group has its own LR, from ``model.lr``.
+    A value other than the class's default (what every saved config.yaml holds) or ``model.lr``
+    would be silently ignored, so it is refused in one line naming ``model.lr``."""
+    optimizer = model.get("optimizer")
+    if not isinstance(optimizer, Namespace) or not isinstance(optimizer.get("init_args"), Namespace):
+        return
+    given = optimizer.init_args.get("lr")
+    try:
+        cls = getattr(importlib.import_module(optimizer.class_path.rpartition(".")[0]),
+                      optimizer.class_path.rpartition(".")[2])
+        default = inspect.signature(cls).parameters["lr"].default
+    except (ImportError, AttributeError, KeyError, TypeError, ValueError):
+        return  # an optimizer without an lr parameter: nothing shown to ignore
+    if given is None or given == default or given == model.get("lr"):
+        return
+    raise ConfigError(f"model.optimizer.init_args.lr={given} is not read: every parameter group's learning "
+                      f"rate comes from model.lr (now {model.get('lr')}, times head_lr_mult for the head); "
+                      f"set model.lr={given} instead and leave model.optimizer.init_args.lr out")
+
+
 def follow_task(model, trainer) -> None:
     """Checkpoints that keep the best by the config's ``val/acc`` keep the best by the task's own
     metric instead (multi-label: ``val/map``; regression: the lowest ``val/mae``); said in one line."""
@@ -189,8 +214,9 @@ def main(argv: list[str] | None = None) -> int:
             print("Project commands (each takes --help): " + ", ".join(COMMANDS) +
                   "\nLightningCLI subcommands follow.\n")
         if argv and argv[0] in COMMANDS:
-            module, function = COMMANDS[argv[0]].split(":")
-            return getattr(importlib.import_module(module), function)(argv[1:]) or 0
+            return load_command(argv[0])(argv[1:]) or 0
+        if argv and not argv[0].startswith("-") and argv[0] not in ProjectCLI.subcommands():
+            raise ConfigError(unknown_command(argv[0]))
         argv, run_dir = pop_option(argv, "--run_dir")
         if argv and argv[0] in ("validate", "test"):
             from project.runs import resolve_ckpt_alias  # --ckpt_path best|last
@@ -206,6 +232,30 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:
         close_process_group()
+
+
+def command_names() -> list[str]:
+    return [*ProjectCLI.subcommands(), *COMMANDS]
+
+
+def unknown_command(word: str) -> str:
+    """Why ``word`` runs nothing, with the nearest command names (LightningCLI's own message
+    would list only fit, validate and test)."""
+    close = difflib.get_close_matches(word, command_names(), n=2, cutoff=0.5)
+    guess = f"; did you mean {' or '.join(close)}?" if close else "."
+    return f"'{word}' is not a command{guess} Commands: {', '.join(command_names())}"
+
+
+def load_command(name: str):
+    """The function of COMMANDS[name], imported now; a module that does not import (a missing
+    package, a syntax error) or a misspelt function is one line naming the command and the cause."""
+    module, _, function = COMMANDS[name].partition(":")
+    try:
+        return getattr(importlib.import_module(module), function)
+    except (ImportError, SyntaxError, AttributeError) as err:
+        cause = " ".join(f"{type(err).__name__}: {err}".split())
+        raise ConfigError(f"command '{name}' cannot start: {COMMANDS[name]} does not load ({cause}); "
+                          "reinstall the project (pip install -e .) or fix that entry") from None
 
 
 def close_process_group() -> None:

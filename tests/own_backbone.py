@@ -24,3 +24,26 @@ def headless_net() -> nn.Module:
 
 def not_a_module():
     return "a string"
+
+
+def misnamed_head_net() -> nn.Module:
+    """Its ``head_name`` names no layer (a slip: 'fc' where the layers are numbered)."""
+    net = tiny_net()
+    net.head_name = "fc"
+    return net
+
+
+def conv_head_net() -> nn.Module:
+    """A 1x1-convolution classifier (as SqueezeNet's): model.head=linear replaces it, mlp cannot."""
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 10, 1),
+                        nn.AdaptiveAvgPool2d(1), nn.Flatten())
+    net.head_name = "2"
+    return net
+
+
+def wrapped_head_net() -> nn.Module:
+    """Its ``head_name`` names the Sequential around the Linear, not the Linear ('4.0')."""
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                        nn.Sequential(nn.Linear(8, 10)))
+    net.head_name = "4"
+    return net

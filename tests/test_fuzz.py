@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
@@ -23,7 +22,7 @@ TRIED: list[str] = []  # every input the tests below ran, counted at the end
 
 # ---------------------------------------------------------------------------------------------
 # The settings: each key `fit --print_config` shows under model. and data., with its kind. A key
-# the config grows without an entry here fails test_every_printed_key_has_a_kind.
+# the config grows without an entry here fails tests/test_slips.py's test_every_printed_key_has_a_kind.
 KINDS = {
     "model.loss": "name", "model.backbone": "name", "model.weights": "file",
     "model.head.kind": "choice", "model.head.hidden": "count", "model.head.dropout": "share",
@@ -84,7 +83,6 @@ VALID = {
     ("model.head.hidden", "99999999999999999999"): "the default linear head has no hidden layer",
     ("model.base_batch_size", "99999999999999999999"): "read only by lr_scaling (none by default)",
     ("model.input.mean", "[0,0,0]"): "no shift: any finite mean is (Guards names an input out of range)",
-    ("model.optimizer.init_args.lr", "1e400"): "model.lr sets every group's LR; torch checks only the sign",
     ("model.optimizer.init_args.weight_decay", "1e400"): SGD_ACCEPTS,
     ("model.optimizer.init_args.momentum", "1.01"): SGD_ACCEPTS,
     ("model.optimizer.init_args.dampening", "-0.01"): SGD_ACCEPTS,
@@ -212,14 +210,6 @@ def flat(tree: dict, prefix: str) -> list[str]:
         else:
             keys.append(prefix + key)
     return keys
-
-
-def test_every_printed_key_has_a_kind(tmp_path, capsys):
-    assert cli(["fit", "--config", str(TRAIN_CONFIG), "--print_config"], tmp_path) == 0
-    printed = yaml.safe_load(capsys.readouterr().out)
-    keys = flat(printed["model"], "model.") + flat(printed["data"], "data.")
-    assert sorted(keys) == sorted(KINDS), set(keys) ^ set(KINDS)
-    assert not [(k, v) for k, v in VALID if v not in BAD[KINDS[k]]], "VALID names a value BAD lacks"
 
 
 @pytest.mark.parametrize("key", sorted(KINDS))
@@ -437,7 +427,7 @@ def test_an_output_that_cannot_be_written_fails_in_one_line(argument, made, tmp_
 def test_the_fuzz_tried_at_least_300_inputs(request):
     """Last in this file: the count of the inputs above (when they all ran), for the notes."""
     here = [item for item in request.session.items if item.path == request.path]
-    if len(here) < len([*KINDS, *FILE_ARGUMENTS, *TABLES, *OUTPUTS]) + 4:
+    if len(here) < len([*KINDS, *FILE_ARGUMENTS, *TABLES, *OUTPUTS]) + 3:
         pytest.skip("only part of this file ran")
     print(f"\nfuzz inputs tried: {len(TRIED)}")
     assert len(TRIED) >= 300, len(TRIED)

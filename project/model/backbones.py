@@ -151,19 +151,46 @@ def find_head(net: nn.Module) -> str:
     return found
 
 
+def head_layer(net: nn.Module, name: str) -> nn.Module:
+    """The layer ``name`` (an own network's ``head_name``); one that names none is one line listing
+    the layers beside it, not an AttributeError deep in torch."""
+    try:
+        return net.get_submodule(name)
+    except AttributeError:
+        parent_name = name.rpartition(".")[0]
+        while parent_name:  # the deepest part of the name that exists
+            try:
+                parent = net.get_submodule(parent_name)
+                break
+            except AttributeError:
+                parent_name = parent_name.rpartition(".")[0]
+        else:
+            parent = net
+        prefix = f"{parent_name}." if parent_name else ""
+        children = [f"{prefix}{n}" for n, _ in parent.named_children()]
+        shown = ", ".join(children[:8]) + (", ..." if len(children) > 8 else "") if children else "none"
+        raise WeightsError(f"head_name '{name}' names no layer of {type(net).__name__} (its layers there: "
+                           f"{shown}): set head_name to its last nn.Linear or nn.Conv2d") from None
+
+
 def replace_head(net: nn.Module, name: str, num_classes: int, head: Head) -> None:
     """Put a new ``head`` for ``num_classes`` where the layer ``name`` is; only it is random."""
     parent_name, _, child = name.rpartition(".")
+    old = head_layer(net, name)
     parent = net.get_submodule(parent_name) if parent_name else net
-    old = getattr(parent, child)
+    kind = type(old).__name__
     if isinstance(old, nn.Linear):
         new = head.build(old.in_features, num_classes)
-    elif head.kind == "linear" and isinstance(old, nn.Conv2d):
+    elif isinstance(old, nn.Conv2d) and head.kind == "linear":
         new = nn.Conv2d(old.in_channels, num_classes, old.kernel_size, old.stride, old.padding)
-    else:
-        kind = type(old).__name__
+    elif isinstance(old, nn.Conv2d):
         raise WeightsError(f"model.head={head.kind} needs a linear classification layer; "
-                           f"{type(net).__name__}'s '{name}' is a {kind}: use model.head=linear")
+                           f"{type(net).__name__}'s '{name}' is a Conv2d, which only model.head=linear "
+                           "replaces: use model.head=linear")
+    else:
+        raise WeightsError(f"model.backbone {type(net).__name__}: its head '{name}' is a {kind}, neither "
+                           "nn.Linear nor nn.Conv2d; head_name must name its last nn.Linear or nn.Conv2d "
+                           "(the classification layer)")
     setattr(parent, child, new)
     if hasattr(net, "num_classes"):
         net.num_classes = num_classes

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from torch import nn
 
+from project.model.backbones import head_layer
 from project.model.sources import Backbone, WeightsError, is_file, is_scratch
 
 
@@ -29,6 +30,10 @@ def load_factory(spec: str, weights: str | None) -> Backbone:
     if not head_name or not isinstance(head_name, str):
         raise WeightsError(f"model.backbone '{spec}': no head to replace; give the module a head_name "
                            "attribute naming its last layer (e.g. self.head_name = 'fc')")
+    try:  # before the weights: a file's head is told apart by this name
+        head_layer(net, head_name)
+    except WeightsError as err:
+        raise WeightsError(f"model.backbone '{spec}': {err}") from None
     if is_scratch(weights):
         return Backbone(net, head_name, False, f"{spec} as built (weights: null)")
     if is_file(str(weights)):
