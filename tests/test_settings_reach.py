@@ -402,7 +402,7 @@ BASELINES: dict[tuple, dict] = {}
 
 
 def baseline(context: dict, where: dict[str, str], trainer: Trainer) -> dict[str, object]:
-    key = tuple(sorted((k, repr(v)) for k, v in context.items()))
+    key = (tuple(sorted(where.items())), tuple(sorted((k, repr(v)) for k, v in context.items())))
     if key not in BASELINES:
         BASELINES[key] = fingerprint({**DEFAULTS, **context}, where, trainer)
     return BASELINES[key]
