@@ -175,14 +175,16 @@ CHANGES: dict[str, Change] = {
     "data.unlabeled.threshold": Change(0.1, ("train_loss",), UNLABELED),
     # the baseline's threshold accepts no pseudo-label (an untrained net is never 95 % sure)
     "data.unlabeled.weight": Change(0.5, ("train_loss",), {**UNLABELED, "data.unlabeled.threshold": 0.1}),
-    # known gaps, kept here to see that they still are (see KNOWN_GAPS)
-    "model.optimizer.init_args.lr": Change(0.5, ("optimizer", "steps")),
-    "model.optimizer.init_args.differentiable": Change(True, ("optimizer",)),
-    "model.scheduler.init_args.last_epoch": Change(3, ("lrs",)),
 }
 
 # key -> why its effect cannot be seen in-process on a CPU (or there is no other valid value)
 NOTHING_TO_SEE = {
+    "model.optimizer.init_args.lr": "model.lr sets every parameter group's LR; the CLI refuses another "
+                                    "value in one line naming model.lr (cli.check_optimizer_lr)",
+    "model.optimizer.init_args.differentiable": "no valid non-default value: true is refused in one line "
+                                                "(schedule.check_factories takes a step on a stand-in)",
+    "model.scheduler.init_args.last_epoch": "no valid non-default value for a new run: another is refused "
+                                            "in one line (schedule.check_factories)",
     "model.compile": "torch.compile happens at the first forward: tens of seconds of inductor (and a "
                      "C++ toolchain) on a CPU; before it, only a private attribute "
                      "(nn.Module._compiled_call_impl) shows it",
@@ -192,21 +194,7 @@ NOTHING_TO_SEE = {
 
 # key -> what is wrong: printed, accepted keys that change nothing (or have no valid non-default
 # value). Each is still tried: when one starts to reach its consumer this test says to move it.
-KNOWN_GAPS = {
-    "model.optimizer.init_args.lr": "ignored: every parameter group gets its own LR from model.lr "
-                                    "(classifier.py param_groups -> param_groups.py make_param_groups), "
-                                    "so torch never reads the optimizer's default LR; printed and accepted "
-                                    "in silence (configs/train.yaml says model.lr sets it)",
-    "model.optimizer.init_args.differentiable": "no valid non-default value: true passes the config check "
-                                                "(schedule.check_factories builds but never steps) and the "
-                                                "first optimizer step fails: RuntimeError 'a leaf Variable "
-                                                "that requires grad is being used in an in-place operation'",
-    "model.scheduler.init_args.last_epoch": "no valid non-default value: any value but -1 fails when the "
-                                            "model is built, with a traceback: LambdaLR's KeyError "
-                                            "(\"param 'initial_lr' is not specified ...\") out of "
-                                            "schedule.check_factories, which turns only ValueError, "
-                                            "TypeError, OverflowError and ZeroDivisionError into one line",
-}
+KNOWN_GAPS: dict[str, str] = {}  # none left: each found one is fixed, or refused in one line below
 
 
 # -- building, as the CLI does -------------------------------------------------------------------

@@ -12,7 +12,7 @@ import project.cli
 from project.cli import ProjectCLI
 from project.model import backbones
 from tests import own_backbone
-from tests.conftest import TRAIN_CONFIG, cli, fit_args, one_error
+from tests.conftest import QUICK, TRAIN_CONFIG, cli, fit_args, one_error
 from tests.test_fuzz import BAD, KINDS, VALID, flat
 
 OWN = "tests.own_backbone:tiny_net"
@@ -115,3 +115,14 @@ def test_every_printed_key_has_a_kind(tmp_path, capsys):
     assert sorted(keys) == sorted(KINDS), set(keys) ^ set(KINDS)
     assert not [(k, v) for k, v in VALID if v not in BAD[KINDS[k]]], "VALID names a value BAD lacks"
 
+
+
+@pytest.mark.parametrize(("setting", "says"), [
+    ("--model.optimizer.init_args.differentiable=true", "model.optimizer: a leaf Variable"),
+    ("--model.scheduler.init_args.last_epoch=3", "model.scheduler: "),
+])
+def test_an_optimizer_or_schedule_that_fails_at_its_first_step_is_one_line_before_the_run(
+        setting, says, tiny_data, tmp_path, capsys):
+    assert cli(["fit", *fit_args(tiny_data, *QUICK, setting, epochs=1)], tmp_path) == 2
+    assert says in one_error(capsys.readouterr().err)
+    assert not (tmp_path / "logs").exists()

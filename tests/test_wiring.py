@@ -189,3 +189,20 @@ def test_settings_a_checkpoint_holds_but_the_code_does_not_know_are_named(quick_
         data = datamodule_for(tmp_path / "future.ckpt", model)
     assert "does not know" in caplog.text and "made_up_data_setting" in caplog.text, caplog.text
     assert data.hparams.split_seed == 3 and "made_up_data_setting" not in data.hparams
+
+
+class LogsTrainingUnderVal(ImageClassifier):
+    """The slip: a number computed on training batches, logged under val/."""
+
+    def training_step(self, batch, batch_idx: int):
+        loss = super().training_step(batch, batch_idx)
+        self.log("val/train_acc", self.train_acc)
+        return loss
+
+
+def test_a_val_metric_from_training_batches_fails_the_run_in_one_line(tiny_data, tmp_path, monkeypatch,
+                                                                        capsys):
+    monkeypatch.setattr(project.cli, "ImageClassifier", LogsTrainingUnderVal)
+    assert cli(["fit", *fit_args(tiny_data, *QUICK, epochs=1)], tmp_path) == 2
+    error = one_error(capsys.readouterr().err)
+    assert "metric 'val/train_acc' is logged in training: val/ names hold what validation data" in error

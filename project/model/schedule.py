@@ -112,19 +112,23 @@ def unset_lengths(factory: Callable) -> list[str]:
 
 
 def check_factories(optimizer: Callable, scheduler: Callable | None) -> None:
-    """Build model.optimizer and model.scheduler once on a stand-in parameter, quietly: a setting
-    torch refuses (a negative momentum) is one line now, not a traceback at the first step."""
+    """Build model.optimizer and model.scheduler once on a stand-in parameter and take one step,
+    quietly: a setting torch refuses (a negative momentum, ``differentiable`` on a leaf, a
+    scheduler's ``last_epoch`` without a history) is one line now, not a traceback at the first step."""
     key, quiet = "model.optimizer", logging.Filter("nothing")  # passes no record of "project"
     log.addFilter(quiet)
     try:
-        opt = optimizer([torch.nn.Parameter(torch.zeros(1))])
+        param = torch.nn.Parameter(torch.zeros(1))
+        opt = optimizer([param])
+        param.grad = torch.ones(1)
+        opt.step()
         if scheduler is not None:
             key = "model.scheduler"
             DeferredScheduler(opt, scheduler).build({"total_steps": 100, "steps_per_epoch": 10, "epochs": 10})
     except ConfigError:
         raise
-    except (ValueError, TypeError, OverflowError, ZeroDivisionError) as err:
-        raise ConfigError(f"{key}: {err}") from None
+    except (ValueError, TypeError, OverflowError, ZeroDivisionError, KeyError, RuntimeError) as err:
+        raise ConfigError(f"{key}: {str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
     finally:
         log.removeFilter(quiet)
 
