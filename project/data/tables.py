@@ -36,9 +36,14 @@ class Table:
         return self.labels.names(self.rows) if self.labels is not None else []
 
 
+def labels_of(cls) -> type[Labels]:
+    """A task's reader of tables (``Task.labels``: package.module:Class)."""
+    return tasks.load(cls.labels, f"{cls.__name__}.labels") if cls.labels else Labels
+
+
 def wrong_columns(path: Path, columns: list[str]) -> str:
     """What a table whose columns no task reads is, and what the tasks read."""
-    formats = "; or ".join(cls.labels.format for cls in tasks.registered() if cls.labels.format)
+    formats = "; or ".join(labels_of(cls).format for cls in tasks.registered() if labels_of(cls).format)
     return (f"{path} line 1: columns {', '.join(columns) or 'none'}; expected columns image and {formats}; "
             "and optionally split (train, val or test)")
 
@@ -46,22 +51,22 @@ def wrong_columns(path: Path, columns: list[str]) -> str:
 def choose_task(path: Path, columns: list[str], cells: dict[str, list[str]], task: str) -> tuple[str, Labels]:
     """The task that reads the table (``task``: data.task, auto or one of them) and its reader."""
     if task != "auto":
-        cls = tasks.task_class(task)
-        found = cls.labels.accept(columns, cells)
+        reader = labels_of(tasks.task_class(task))
+        found = reader.accept(columns, cells)
         if found is None:
             raise DataFolderError(f"data.task={task}, but {path} has columns {', '.join(columns)}: "
-                                  f"{cls.labels.format or 'not a table this task reads'}; set data.task=auto")
-        return task, cls.labels(found, path)
-    claims = [(name, cls, cls.labels.claim(columns, cells)) for name, cls in zip(
-        tasks.TASKS, tasks.registered(), strict=True)]
+                                  f"{reader.format or 'not a table this task reads'}; set data.task=auto")
+        return task, reader(found, path)
+    claims = [(name, reader, reader.claim(columns, cells)) for name, reader in zip(
+        tasks.TASKS, map(labels_of, tasks.registered()), strict=True)]
     claims = [c for c in claims if c[2] is not None]
     if not claims:
         raise DataFolderError(wrong_columns(path, columns))
     if len(claims) > 1:
         raise DataFolderError(f"{path}: tasks {', '.join(c[0] for c in claims)} each read its columns; "
                               "choose with data.task")
-    name, cls, found = claims[0]
-    return name, cls.labels(found, path)
+    name, reader, found = claims[0]
+    return name, reader(found, path)
 
 
 def read_table(path: str | Path, data_dir: str | Path, unlabeled_ok: bool = False,

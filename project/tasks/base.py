@@ -17,7 +17,6 @@ from torchmetrics import MaxMetric, Metric, MinMetric
 
 from project.errors import ConfigError
 from project.tasks import load
-from project.tasks.labels import Labels
 
 Loss = Callable[..., torch.Tensor]  # (task, logits, target, weight=None) -> a scalar
 
@@ -28,8 +27,10 @@ class Task:
     ``label_smoothing`` mid-run and the next loss follows)."""
 
     name: ClassVar[str]
-    labels: ClassVar[type[Labels]] = Labels  # how it reads a labels table (torch-free)
-    answers: ClassVar[str]  # package.module:Class of its torch-free Answers (infer.py loads it)
+    # package.module:Class of its torch-free parts, loaded when used: its Labels (how it reads a
+    # labels table: project/tasks/labels.py) and its Answers (what infer.py loads)
+    labels: ClassVar[str] = ""
+    answers: ClassVar[str]
     monitor: ClassVar[str] = "val/acc"  # what the best checkpoint and a sweep follow
     mode: ClassVar[str] = "max"
     losses: ClassVar[dict[str, Loss]] = {}  # model.loss -> loss(task, logits, target, weight)

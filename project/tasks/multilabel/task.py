@@ -12,7 +12,6 @@ from torchmetrics import Metric
 from torchmetrics.classification import MultilabelExactMatch
 
 from project.tasks.base import Task
-from project.tasks.multilabel.labels import SeveralClasses
 from project.tasks.multilabel.metrics import MultilabelStageMetrics, decisions, multilabel_loss
 
 
@@ -26,7 +25,7 @@ def asymmetric(task: Task, logits: torch.Tensor, target: torch.Tensor, weight: t
 
 class MultiLabel(Task):
     name = "multilabel"
-    labels = SeveralClasses
+    labels = "project.tasks.multilabel.labels:SeveralClasses"
     answers = "project.tasks.multilabel.answers:LabelsAboveThresholds"
     monitor = "val/map"  # val/acc is the exact-match ratio: harsh and bound to the thresholds
     losses = {"bce": bce, "asymmetric": asymmetric}

@@ -13,7 +13,6 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 
 from project.tasks.base import Task
 from project.tasks.multioutput import groups
-from project.tasks.multioutput.labels import ClassColumns
 
 
 def cross_entropy(task: MultiOutput, logits: torch.Tensor, target: torch.Tensor,
@@ -27,7 +26,7 @@ def cross_entropy(task: MultiOutput, logits: torch.Tensor, target: torch.Tensor,
 
 class MultiOutput(Task):
     name = "multioutput"
-    labels = ClassColumns
+    labels = "project.tasks.multioutput.labels:ClassColumns"
     answers = "project.tasks.multioutput.answers:ClassPerColumn"
     losses = {"cross_entropy": cross_entropy}
     default_loss = "cross_entropy"

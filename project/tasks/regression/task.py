@@ -20,7 +20,6 @@ from torchmetrics import CatMetric, MeanAbsoluteError, MeanMetric, Metric
 
 from project.errors import ConfigError
 from project.tasks.base import Task
-from project.tasks.regression.labels import Numbers
 
 
 def huber(task: Task, out: torch.Tensor, target: torch.Tensor, weight=None) -> torch.Tensor:
@@ -35,7 +34,7 @@ def mse(task: Task, out: torch.Tensor, target: torch.Tensor, weight=None) -> tor
 
 class Regression(Task):
     name = "regression"
-    labels = Numbers
+    labels = "project.tasks.regression.labels:Numbers"
     answers = "project.tasks.regression.answers:Values"
     monitor, mode = "val/mae", "min"
     losses = {"huber": huber, "mse": mse}

@@ -11,7 +11,6 @@ from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
 
 from project.tasks.base import Task
-from project.tasks.single.labels import OneClass
 from project.tasks.single.metrics import StageMetrics, summary_metrics
 
 
@@ -38,7 +37,7 @@ def focal(task: Task, logits: torch.Tensor, target: torch.Tensor, weight: torch.
 
 class SingleLabel(Task):
     name = "multiclass"
-    labels = OneClass
+    labels = "project.tasks.single.labels:OneClass"
     answers = "project.tasks.single.answers:TopClasses"
     losses = {"cross_entropy": cross_entropy, "focal": focal}
     default_loss = "cross_entropy"
