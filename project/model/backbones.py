@@ -19,6 +19,7 @@ from project.model.sources import (  # noqa: F401 (also read from here)
     TIMM_PREFIX,
     Backbone,
     WeightsError,
+    head_layer,
     is_file,
     is_scratch,
     warn_no_weights,
@@ -149,28 +150,6 @@ def find_head(net: nn.Module) -> str:
     if not found:
         raise WeightsError(f"cannot find the classification layer of {type(net).__name__}")
     return found
-
-
-def head_layer(net: nn.Module, name: str) -> nn.Module:
-    """The layer ``name`` (an own network's ``head_name``); one that names none is one line listing
-    the layers beside it, not an AttributeError deep in torch."""
-    try:
-        return net.get_submodule(name)
-    except AttributeError:
-        parent_name = name.rpartition(".")[0]
-        while parent_name:  # the deepest part of the name that exists
-            try:
-                parent = net.get_submodule(parent_name)
-                break
-            except AttributeError:
-                parent_name = parent_name.rpartition(".")[0]
-        else:
-            parent = net
-        prefix = f"{parent_name}." if parent_name else ""
-        children = [f"{prefix}{n}" for n, _ in parent.named_children()]
-        shown = ", ".join(children[:8]) + (", ..." if len(children) > 8 else "") if children else "none"
-        raise WeightsError(f"head_name '{name}' names no layer of {type(net).__name__} (its layers there: "
-                           f"{shown}): set head_name to its last nn.Linear or nn.Conv2d") from None
 
 
 def replace_head(net: nn.Module, name: str, num_classes: int, head: Head) -> None:

@@ -6,8 +6,7 @@ from pathlib import Path
 
 from torch import nn
 
-from project.model.backbones import head_layer
-from project.model.sources import Backbone, WeightsError, is_file, is_scratch
+from project.model.sources import Backbone, WeightsError, head_layer, is_file, is_scratch
 
 
 def load_factory(spec: str, weights: str | None) -> Backbone:

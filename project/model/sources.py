@@ -46,3 +46,26 @@ def warn_no_weights(what: str, reason: str, expected: Path, how: str) -> None:
         "!! To fix: put the file %s in the folder %s\n!!   (%s),\n"
         "!!   or set model.weights=/path/to/%s. Set model.weights=null to train from scratch.\n%s",
         bar, what, reason, expected.name, expected.parent, how, expected.name, bar)
+
+
+def head_layer(net: nn.Module, name: str) -> nn.Module:
+    """The layer ``name`` (an own network's ``head_name``); one that names none is one line listing
+    the layers where it points, not an AttributeError deep in torch."""
+    try:
+        return net.get_submodule(name)
+    except AttributeError:
+        parent_name = name.rpartition(".")[0]
+        while parent_name and not isinstance(getattr_path(net, parent_name), nn.Module):
+            parent_name = parent_name.rpartition(".")[0]  # the deepest part of the name that exists
+        parent = net.get_submodule(parent_name) if parent_name else net
+        children = [f"{parent_name}.{n}" if parent_name else n for n, _ in parent.named_children()]
+        shown = ", ".join(children[:8]) + (", ..." if len(children) > 8 else "") if children else "none"
+        raise WeightsError(f"head_name '{name}' names no layer of {type(net).__name__} (its layers there: "
+                           f"{shown}): set head_name to its last nn.Linear or nn.Conv2d") from None
+
+
+def getattr_path(net: nn.Module, name: str) -> object:
+    try:
+        return net.get_submodule(name)
+    except AttributeError:
+        return None
