@@ -1,7 +1,7 @@
 """Command line: LightningCLI for fit/validate/test (``python -m project fit --config
-configs/train.yaml [--key=value ...] [--run_dir DIR]``), plus the project's own COMMANDS."""
+configs/train.yaml [--key=value ...] [--run_dir DIR]``); the project's own commands are in
+``project/commands.py``, loaded only when one of them runs."""
 
-import difflib
 import importlib
 import inspect
 import logging
@@ -23,27 +23,9 @@ from project.model import ImageClassifier
 from project.model.backbones import resolve_preprocessing
 
 PREPROCESSING_KEYS = ("backbone", "weights", "input")
+LIGHTNING = ("fit", "validate", "test")  # LightningCLI's subcommands here; the rest: project/commands.py
 
 log = logging.getLogger("project")
-# command -> "module:function"; each module is imported only when its command runs
-COMMANDS = {
-    "resume": "project.resume:main",
-    "evaluate": "project.extras.analysis.evaluate:main",
-    "calibrate": "project.extras.analysis.calibration:main",
-    "suspects": "project.extras.analysis.suspects:main",
-    "predict": "project.extras.deploy.predict:main",
-    "export": "project.extras.deploy.export:main",
-    "serve": "project.extras.deploy.serve:main",
-    "check-data": "project.extras.datatools.check_data:main",
-    "resize-data": "project.extras.datatools.resize:main",
-    "optimize-data": "project.extras.streaming.optimize:main",
-    "overfit": "project.extras.diagnose.tools:overfit",
-    "lr-find": "project.extras.diagnose.tools:lr_find",
-    "find-batch-size": "project.extras.diagnose.tools:find_batch_size",
-    "models": "project.extras.zoo:main",
-    "sweep": "project.extras.sweep.command:main",
-    "suggest": "project.extras.suggest.command:main",
-}
 # added, with a notice, when a config leaves them out: without them a run can go wrong silently
 REQUIRED_CALLBACKS = ("project.callbacks.guards.Guards", "project.callbacks.resilience.Resilience")
 
@@ -89,7 +71,7 @@ class ProjectCLI(LightningCLI):
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:  # no predict: `python -m project predict` is ours
-        return {k: v for k, v in LightningCLI.subcommands().items() if k != "predict"}
+        return {k: v for k, v in LightningCLI.subcommands().items() if k in LIGHTNING}
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -210,13 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     setup_logging()
     try:
-        if not argv or argv[0] in ("-h", "--help"):
-            print("Project commands (each takes --help): " + ", ".join(COMMANDS) +
-                  "\nLightningCLI subcommands follow.\n")
-        if argv and argv[0] in COMMANDS:
-            return load_command(argv[0])(argv[1:]) or 0
-        if argv and not argv[0].startswith("-") and argv[0] not in ProjectCLI.subcommands():
-            raise ConfigError(unknown_command(argv[0]))
+        if not argv or argv[0] in ("-h", "--help") or argv[0][0] != "-" and argv[0] not in LIGHTNING:
+            from project.commands import run  # the project's own commands, and help for all
+
+            code = run(argv)
+            if code is not None:
+                return code
         argv, run_dir = pop_option(argv, "--run_dir")
         if argv and argv[0] in ("validate", "test"):
             from project.runs import resolve_ckpt_alias  # --ckpt_path best|last
@@ -232,30 +213,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:
         close_process_group()
-
-
-def command_names() -> list[str]:
-    return [*ProjectCLI.subcommands(), *COMMANDS]
-
-
-def unknown_command(word: str) -> str:
-    """Why ``word`` runs nothing, with the nearest command names (LightningCLI's own message
-    would list only fit, validate and test)."""
-    close = difflib.get_close_matches(word, command_names(), n=2, cutoff=0.5)
-    guess = f"; did you mean {' or '.join(close)}?" if close else "."
-    return f"'{word}' is not a command{guess} Commands: {', '.join(command_names())}"
-
-
-def load_command(name: str):
-    """The function of COMMANDS[name], imported now; a module that does not import (a missing
-    package, a syntax error) or a misspelt function is one line naming the command and the cause."""
-    module, _, function = COMMANDS[name].partition(":")
-    try:
-        return getattr(importlib.import_module(module), function)
-    except (ImportError, SyntaxError, AttributeError) as err:
-        cause = " ".join(f"{type(err).__name__}: {err}".split())
-        raise ConfigError(f"command '{name}' cannot start: {COMMANDS[name]} does not load ({cause}); "
-                          "reinstall the project (pip install -e .) or fix that entry") from None
 
 
 def close_process_group() -> None:

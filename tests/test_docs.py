@@ -146,7 +146,7 @@ def option_defaults(command: str) -> dict[str, object]:
     import argparse
     from unittest import mock
 
-    from project.cli import COMMANDS
+    from project.commands import COMMANDS
 
     target = ("project.extras.deploy.infer:main" if command == "infer" else COMMANDS[command])
     module, function = target.split(":")

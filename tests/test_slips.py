@@ -9,6 +9,7 @@ import torch
 import yaml
 
 import project.cli
+import project.commands
 from project.cli import ProjectCLI
 from project.model import backbones
 from tests import own_backbone
@@ -23,7 +24,7 @@ def test_an_unknown_command_is_one_line_with_the_nearest_and_every_command(tmp_p
     line = one_error(capsys.readouterr().err)
     assert line.startswith("error: 'stat' is not a command; did you mean test? Commands: fit, validate, "
                            "test, ")
-    assert all(name in line for name in project.cli.COMMANDS)
+    assert all(name in line for name in project.commands.COMMANDS)
     assert cli(["zzzz", "--config", "x.yaml"], tmp_path) == 2  # nothing near: no guess
     assert one_error(capsys.readouterr().err).startswith("error: 'zzzz' is not a command. Commands: fit, ")
 
@@ -36,7 +37,7 @@ def test_an_unknown_command_is_one_line_with_the_nearest_and_every_command(tmp_p
 def test_a_command_that_does_not_load_is_one_line_naming_it(entry, cause, tmp_path, capsys, monkeypatch):
     (tmp_path / "broken_command_module.py").write_text("def main(argv):\n    return (\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(project.cli.COMMANDS, "broken", entry)
+    monkeypatch.setitem(project.commands.COMMANDS, "broken", entry)
     assert cli(["broken", "--help"], tmp_path) == 2
     line = one_error(capsys.readouterr().err)
     assert line.startswith(f"error: command 'broken' cannot start: {entry} does not load") and cause in line

@@ -18,7 +18,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import project.cli
 from project.checkpoints import datamodule_for, load_model, read_checkpoint
-from project.cli import COMMANDS, main
+from project.cli import main
+from project.commands import COMMANDS
 from project.data import FolderDataModule
 from project.errors import ConfigError
 from project.model import ImageClassifier
