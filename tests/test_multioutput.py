@@ -175,3 +175,13 @@ def test_a_multioutput_run_resumes_bit_exactly(shape_colour_data, tmp_path):
     for key, tensor in a["state_dict"].items():
         assert torch.equal(tensor, b["state_dict"][key]), key
     assert scalars(run_a)["val/acc"][-1] == scalars(run_b)["val/acc"][-1]
+
+
+def test_the_analysis_preset_skips_what_a_multioutput_task_has_not(shape_colour_data, tmp_path, capsys):
+    """Temperature and the per-class views are for one class per image; another task's run with
+    the analysis preset trains and says so, not a traceback from inside a view."""
+    from tests.conftest import REPO
+
+    preset = f"--config={REPO / 'configs/presets/analysis.yaml'}"
+    assert cli(["fit", *mo_args(shape_colour_data, preset, *QUICK, epochs=1)], tmp_path) == 0
+    assert "no temperature fitted: a multioutput task's outputs have none" in capsys.readouterr().err

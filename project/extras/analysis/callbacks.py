@@ -30,6 +30,9 @@ class TemperatureScaling(Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero or trainer.interrupted:
             return
+        if not pl_module.task.temperature_scaling:
+            log.info("Notice: no temperature fitted: a %s task's outputs have none", pl_module.task.name)
+            return
         callback = monitored_checkpoint(trainer)
         best = callback.best_model_path if callback is not None else ""
         dataset = getattr(trainer.datamodule, "datasets", {}).get("val")
@@ -73,7 +76,7 @@ class AnalysisDashboards(Callback):
                     items.append(item)
             if items:
                 images = denormalise(torch.stack([x for x, _ in items]), pre.mean, pre.std)
-                labels = [pl_module.class_names[y] for _, y in items]
+                labels = [pl_module.class_names[y] if isinstance(y, int) else "" for _, y in items]
                 writer.add_figure(f"views/{split}_samples", grid_figure(images, labels, title), 0)
 
 
@@ -81,7 +84,8 @@ class AnalysisDashboards(Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         writer = tensorboard(trainer)
         dataset = getattr(trainer.datamodule, "datasets", {}).get("val")
-        if writer is None or dataset is None or not hasattr(dataset, "samples"):
+        if writer is None or dataset is None or not hasattr(dataset, "samples") or \
+                not pl_module.task.gives_probabilities:  # these views rank one class per image
             return
         samples = predict_dataset(pl_module, dataset, trainer.datamodule.batch_size, pl_module.device)
         pl_module.train()  # predict_dataset leaves it in eval mode; Lightning expects train here
