@@ -14,7 +14,7 @@ INPUT  ?= $(DEMO)/test
 DATA_DIR ?= $(DEMO)
 
 .PHONY: help install data train train-ddp resume evaluate predict export serve check-data overfit \
-        calibrate suspects suggest lr-find find-batch-size profile test test-fast lint tensorboard bench bench-accuracy bench-multilabel bench-regression bench-transfer bench-fewer-labels bench-serve notebooks \
+        calibrate suspects suggest lr-find find-batch-size profile test test-fast lint tensorboard bench bench-accuracy bench-multilabel bench-multioutput bench-regression bench-transfer bench-fewer-labels bench-serve notebooks \
         models resize-data optimize-data bench-photos sweep sweep-worker sweep-report browser servers clean
 
 help: ## List the targets
@@ -137,6 +137,9 @@ bench-accuracy: $(STAMP) ## Accuracy per minute: template vs plain loop on real 
 
 bench-multilabel: $(STAMP) ## Multi-label mAP: template vs plain BCE loop on real digit mosaics (about 15 min)
 	$(PY) -m benchmarks.multilabel $(ARGS)
+
+bench-multioutput: $(STAMP) ## Multi-output: each column's accuracy against a single-label run on it (coloured MNIST)
+	$(PY) -m benchmarks.multioutput $(ARGS)
 
 bench-regression: $(STAMP) ## Regression MAE: template vs plain Huber loop on real digit values (about 30 min)
 	$(PY) -m benchmarks.regression $(ARGS)
