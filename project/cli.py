@@ -43,6 +43,8 @@ COMMANDS = {
     "models": "project.extras.zoo:main",
     "sweep": "project.extras.sweep.command:main",
     "suggest": "project.extras.suggest.command:main",
+    "embed": "project.extras.embeddings.command:embed_main",
+    "probe": "project.extras.embeddings.command:probe_main",
 }
 # added, with a notice, when a config leaves them out: without them a run can go wrong silently
 REQUIRED_CALLBACKS = ("project.callbacks.guards.Guards", "project.callbacks.resilience.Resilience")
