@@ -18,7 +18,7 @@ from project.extras.embeddings.neighbours import likeness_to_class, look_alike_c
 from project.extras.embeddings.sources import add_network_args, network_from_args
 
 log = logging.getLogger("project")
-NEAR = 0.97  # the default --near: benchmarks/embeddings.py measured it (docs/analysis.md)
+NEAR = 0.97  # the default --near: planted copies on tiny data scored 0.98-1.0 (not yet benchmarked on photos)
 SHEET_PAIRS = 12  # pairs on near_duplicates.png
 SHOWN = 5  # lines of each list printed
 
