@@ -14,7 +14,7 @@ INPUT  ?= $(DEMO)/test
 DATA_DIR ?= $(DEMO)
 
 .PHONY: help install data train train-ddp resume evaluate predict export serve check-data overfit \
-        calibrate suspects suggest lr-find find-batch-size profile test test-fast lint tensorboard bench bench-accuracy bench-multilabel bench-multioutput bench-regression bench-transfer bench-fewer-labels bench-serve notebooks \
+        calibrate suspects suggest embed probe lr-find find-batch-size profile test test-fast lint tensorboard bench bench-accuracy bench-multilabel bench-multioutput bench-regression bench-transfer bench-fewer-labels bench-serve notebooks \
         models resize-data optimize-data bench-photos sweep sweep-worker sweep-report browser servers clean
 
 help: ## List the targets
@@ -48,8 +48,14 @@ evaluate: $(STAMP) ## Test the newest run's best checkpoint: report.md, top loss
 calibrate: $(STAMP) ## Fit the temperature of the best checkpoint on the validation set (NLL, ECE before/after)
 	$(PY) -m project calibrate $(ARGS)
 
-suspects: data ## Rank training images by out-of-fold disagreement with their label -> suspects.csv/.png
+suspects: data ## Rank training images by out-of-fold disagreement with their label (linear on embeddings; --method refit: K fits) -> suspects.csv/.png
 	$(PY) -m project suspects --config $(CONFIG) $(ARGS)
+
+embed: $(STAMP) ## Embed DATA_DIR once with the best checkpoint (--config FILE: pretrained) into logs/embeddings
+	$(PY) -m project embed $(DATA_DIR) $(ARGS)
+
+probe: $(STAMP) ## Linear classifier on the frozen embeddings of the run's data: val/test accuracy -> probe.json
+	$(PY) -m project probe $(ARGS)
 
 predict: $(STAMP) ## Classify images (INPUT=dir or file) with the best checkpoint -> preds.csv
 	$(PY) -m project predict --input $(INPUT) --output preds.csv $(ARGS)

@@ -52,7 +52,7 @@ def main() -> None:
         planted = plant(root, a.share)
         out = Path(tmp) / "suspects"
         start = time.perf_counter()
-        cli_main(["suspects", "--folds", str(a.folds), "--out", str(out), "--config",
+        cli_main(["suspects", "--method", "refit", "--folds", str(a.folds), "--out", str(out), "--config",
                   "configs/train.yaml", f"--data.data_dir={root}", "--model.weights=null",
                   f"--trainer.max_epochs={a.epochs}", "--trainer.enable_progress_bar=false", *extra])
         minutes = (time.perf_counter() - start) / 60

@@ -26,6 +26,8 @@ COMMANDS = {
     "models": "project.extras.zoo:main",
     "sweep": "project.extras.sweep.command:main",
     "suggest": "project.extras.suggest.command:main",
+    "embed": "project.extras.embeddings.command:embed_main",
+    "probe": "project.extras.embeddings.command:probe_main",
 }
 
 

@@ -342,7 +342,8 @@ def test_planted_labels_come_first_in_mistakes_csv(planted, tmp_path):
 def test_suspects_puts_the_planted_training_labels_first(planted, tmp_path):
     out = tmp_path / "suspects"
     args = fit_args(planted, *PLANTED_RECIPE, epochs=6)
-    assert cli(["suspects", "--folds", "2", "--top", "8", "--out", str(out), *args], tmp_path) == 0
+    refit = ["suspects", "--method", "refit", "--folds", "2", "--top", "8", "--out", str(out)]
+    assert cli([*refit, *args], tmp_path) == 0
     rows = list(csv.DictReader((out / "suspects.csv").open()))
     assert len(rows) == 3 * 12 + 2  # every training image, ranked
     planted_files = {"planted_red_000.png", "planted_red_001.png"}

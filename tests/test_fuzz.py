@@ -276,6 +276,8 @@ FILE_ARGUMENTS = {
     "calibrate --data_dir": ["calibrate", "--ckpt_path", "CKPT", "--data_dir", "{}"],
     "resume RUN_DIR": ["resume", "{}"],
     "suspects --data.data_dir": ["suspects", "--config", str(TRAIN_CONFIG), "--data.data_dir={}"],
+    "suspects --method refit --data.data_dir": ["suspects", "--method", "refit", "--config",
+                                                str(TRAIN_CONFIG), "--data.data_dir={}"],
     "check-data": ["check-data", "{}"],
     "check-data --labels": ["check-data", "DATA", "--labels", "{}"],
     "resize-data SRC": ["resize-data", "{}", "OUT", "--side", "16", "--workers", "1"],

@@ -1,12 +1,16 @@
 """Suspect labels: training images whose label the model, not having seen them, disagrees with.
 
-    python -m project suspects [--config configs/train.yaml] [overrides] [--folds 3] [--top 32]
-                               [--out logs/suspects]
+    python -m project suspects [--ckpt_path CKPT|RUN | --config FILE] [--data_dir DIR] [--top 32]
+    python -m project suspects --method refit [--config configs/train.yaml] [overrides] [--folds 3]
 
-Out-of-fold predictions (as cleanlab's ``find_label_issues`` expects them): the training images
-are split into K stratified folds; for each fold a model is trained with the run's own recipe
-(the config, its presets and ``--key=value`` overrides) on the other K-1 folds and predicts the
-held-out fold. So every image is judged by a model that never saw its label, and a memorised
+``--method embeddings`` (the default, seconds): a linear classifier on the cached embeddings
+(``project/extras/embeddings/``) of the network (a checkpoint, or with ``--config`` the config's
+pretrained backbone), fitted on K-1 stratified folds, predicts the held-out fold.
+``--method refit`` (minutes to hours): the training images are split into K stratified folds;
+for each fold a model is trained with the run's own recipe (the config, its presets and
+``--key=value`` overrides) on the other K-1 folds and predicts the held-out fold.
+Both give out-of-fold predictions (as cleanlab's ``find_label_issues`` expects them): every
+image is judged by a model that never saw its label, and a memorised
 wrong label cannot vouch for itself. Images are ranked by the probability that model gives to
 their *given* label, lowest first (cleanlab's "self-confidence" score).
 
@@ -14,7 +18,9 @@ Writes ``suspects.csv`` (rank, path, given label, predicted class, p(given), p(p
 every training image) and ``suspects.png`` (the ``--top`` most suspect images, titled given /
 predicted / p(given)). Look at the top of the list, fix or remove wrong files, train again.
 
-The folds are trained without the config's callbacks (no checkpoints, logs, EMA, validation):
+A checkpoint fine-tuned on these very labels has partly learnt the wrong ones into its features;
+``--config`` (pretrained features) or refit avoid that. The refit folds are trained without the
+config's callbacks (no checkpoints, logs, EMA, validation):
 K short fits are the cost; ``--trainer.max_epochs=N`` makes them shorter.
 """
 
@@ -98,25 +104,28 @@ def out_of_fold_probabilities(overrides: list[str], folds: int, seed: int = 0):
     return ([samples[i] for i in keep], names, probs[seen], [fold_of[i] for i in keep], dm)
 
 
-def write_suspects(rows: list[dict], out: Path, dm, top: int) -> None:
+def write_suspects(rows: list[dict], out: Path, pre, top: int, how: str = "out of fold") -> None:
+    """suspects.csv (every row) and suspects.png (the ``top`` rows' images, with ``pre``: the
+    network's preprocessing)."""
     with atomic_path(out / "suspects.csv") as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         writer.writeheader()
         writer.writerows({**r, "p_given": f"{r['p_given']:.6f}",
                           "p_predicted": f"{r['p_predicted']:.6f}"} for r in rows)
     from project.data.datasets import ImageDataset
+    from project.data.images import needed_side
+    from project.data.transforms import eval_transforms
 
     shown = rows[:top]
-    dataset = ImageDataset([Sample(r["path"], 0) for r in shown], dm.transform("val"),
-                           short_side=dm.short_side("val"))
+    dataset = ImageDataset([Sample(r["path"], 0) for r in shown], eval_transforms(pre),
+                           short_side=needed_side(pre))
     items = [(dataset[i], r) for i, r in enumerate(shown)]
     items = [(item[0], r) for item, r in items if item is not None]
     if items:
         titles = [f"{r['given']} / {r['predicted']} / {r['p_given']:.2f}\n"
                   f"#{r['rank']} {Path(r['path']).name[:18]}" for _, r in items]
-        pre = dm.preprocessing
         images = denormalise(torch.stack([x for x, _ in items]), pre.mean, pre.std)
-        save(grid_figure(images, titles, "suspect labels: given / predicted / p(given), out of fold",
+        save(grid_figure(images, titles, f"suspect labels: given / predicted / p(given), {how}",
                          [r["given"] != r["predicted"] for _, r in items], cols=6), out / "suspects.png")
 
 
@@ -124,20 +133,29 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m project suspects",
                                 description="Rank training images by how strongly out-of-fold "
                                             "models disagree with their label")
-    p.add_argument("--folds", type=int, default=3, help="K: K fits, each on K-1 folds")
+    p.add_argument("--method", choices=("embeddings", "refit"), default="embeddings",
+                   help="embeddings: a linear model on the cached embeddings, per fold (seconds); "
+                        "refit: K fine-tunes with the config's recipe (the costly, stronger check)")
+    p.add_argument("--folds", type=int, default=None, help="K (default: 5 for embeddings, 3 for refit)")
     p.add_argument("--top", type=int, default=32, help="images in suspects.png")
     p.add_argument("--out", default="logs/suspects", help="folder for suspects.csv and .png")
     p.add_argument("--seed", type=int, default=0, help="seed of the fold split")
     a, overrides = p.parse_known_args(argv)
-    if a.folds < 2:
-        raise ConfigError(f"--folds must be 2 or more, got {a.folds}")
-    samples, names, probs, fold_of, dm = out_of_fold_probabilities(overrides, a.folds, a.seed)
-    rows = rank_suspects(samples, probs, fold_of, names)
+    folds = a.folds or (5 if a.method == "embeddings" else 3)
+    if folds < 2:
+        raise ConfigError(f"--folds must be 2 or more, got {folds}")
     out = Path(a.out)
-    write_suspects(rows, out, dm, a.top)
+    if a.method == "embeddings":
+        from project.extras.embeddings.suspects import embedding_suspects
+
+        rows, pre, how = embedding_suspects(overrides, folds, a.seed)
+    else:
+        samples, names, probs, fold_of, dm = out_of_fold_probabilities(overrides, folds, a.seed)
+        rows, pre, how = rank_suspects(samples, probs, fold_of, names), dm.preprocessing, f"{folds} folds"
+    write_suspects(rows, out, pre, a.top, f"out of fold ({how})")
     disagree = sum(r["given"] != r["predicted"] for r in rows)
     print(f"{disagree} of {len(rows)} training images are predicted as another class than their "
-          f"folder by a model that did not train on them ({a.folds} folds).")
+          f"folder by a model that did not train on them ({how}).")
     print(f"Ranked list: {out / 'suspects.csv'}; the {min(a.top, len(rows))} most suspect: "
           f"{out / 'suspects.png'}")
     for r in rows[:10]:

@@ -1,10 +1,14 @@
 """Scan a data folder and report every problem with its path, before a run meets it at hour three.
 
     python -m project check-data DIR [--labels labels.csv]   (exit 0: training can proceed; 1: it cannot)
+        [--ckpt_path CKPT|RUN | --config FILE] [--near 0.97] [--out DIR] [--drop-leaks]
 
 Severities: ``error`` stops training (class structure); ``skipped`` files are left out by
 training (``data.on_bad_image: skip``); ``converted`` files work but are changed on load;
 ``warning`` is worth a look (ignored files, duplicates across splits, huge images).
+With a network (``--ckpt_path``, ``--config``, or else the newest run's), it also lists the pairs of
+images whose embeddings are nearly the same (copies the byte check misses), the images least like
+their class and the classes most alike (``project/extras/embeddings/check.py``).
 """
 
 from __future__ import annotations
@@ -163,6 +167,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("data_dir", nargs="?", default="data/demo")
     p.add_argument("--labels", help="a labels table (image,label[s][,split]), as data.labels")
     p.add_argument("--max_megapixels", type=float, default=40.0)
+    from project.extras.embeddings import check
+
+    check.add_args(p)
     a = p.parse_args(argv)
     if not Path(a.data_dir).is_dir():  # not a report of the data: a wrong argument
         raise ProjectError(f"'{a.data_dir}' is not a folder: pass the data folder, as data.data_dir")
@@ -173,6 +180,10 @@ def main(argv: list[str]) -> int:
     else:
         findings = scan(a.data_dir, a.max_megapixels * 1e6)
     print(report(findings))
+    if check.wanted(a):
+        section = check.report(a)
+        if section:
+            print(section)
     return 1 if any(f.severity == "error" for f in findings) else 0
 
 

@@ -37,6 +37,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of --strategy random")
     p.add_argument("--max_labeled", type=int, default=5000,
                    help="k-center: at most this many training images (a seeded sample) to keep away from")
+    p.add_argument("--cache", default="logs/embeddings", help="folder of the embedding cache (python -m "
+                                                            "project embed fills it)")
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--num_workers", type=int, default=0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -62,12 +64,11 @@ def main(argv: list[str]) -> int:
     paths = [os.path.abspath(p) for p in list_images(a.unlabeled)]
     if not paths:
         raise ProjectError(f"no image files in --unlabeled '{a.unlabeled}'")
-    from project.checkpoints import load_model
+    from project.extras.embeddings.sources import network_from_checkpoint
     from project.extras.suggest.pool import embed_pool
-    from project.runs import resolve_checkpoint
 
-    ckpt = resolve_checkpoint(a.ckpt_path)
-    model = load_model(ckpt)
+    network, ckpt = network_from_checkpoint(a.ckpt_path)
+    model = network.model
     check_strategy(a.strategy, model)  # a multi-label or regression model: before any image is read
     splits = labeled_splits(ckpt, model)
     if splits is not None:
@@ -80,7 +81,7 @@ def main(argv: list[str]) -> int:
         if not paths:
             raise ProjectError(f"every image in --unlabeled '{a.unlabeled}' is labeled already")
     pool = embed_pool(model, paths, a.batch_size, a.device, a.num_workers,  # read if k-center asks
-                      lambda: training_paths(splits, a.max_labeled, a.seed))
+                      lambda: training_paths(splits, a.max_labeled, a.seed), network, a.cache)
     if pool.skipped:
         names = ", ".join(Path(p).name for p in pool.skipped[:SHOWN_SKIPPED])
         more = f" and {len(pool.skipped) - SHOWN_SKIPPED} more" if len(pool.skipped) > SHOWN_SKIPPED else ""

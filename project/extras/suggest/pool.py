@@ -3,22 +3,20 @@ embedding, from one forward pass; the labeled images' embeddings only when a str
 
 The embedding is the input of the network's head (``model.head_name``), caught by a forward
 hook during the pass that gives the logits: one pass, and the same features the head decides on.
+With a ``Network`` (the command's checkpoint), both come from the embedding cache
+(``project/extras/embeddings/cache.py``): an image ranked before is not computed again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
-from torch import nn
 
-from project.data.datasets import ImageDataset
-from project.data.folders import Sample
-from project.data.images import needed_side
-from project.data.transforms import eval_transforms
 from project.errors import ProjectError
-from project.extras.analysis.predictions import predict_dataset
+from project.extras.embeddings.cache import CACHE_ROOT, Network, embed, forward_pass  # noqa: F401
 
 
 @dataclass
@@ -51,36 +49,25 @@ class Pool:
         return self.class_names[int(self.probs[i].argmax())] if self.probs is not None else ""
 
 
-def forward_pass(model, paths: list[str], batch_size: int = 64, device: str = "cpu",
-                 num_workers: int = 0) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-    """(indices of the decodable ``paths``, their logits, their embeddings) from one pass of
-    ``predict_dataset`` with a hook on the head's input."""
-    head: nn.Module = model.net.get_submodule(model.head_name)
-    caught: list[torch.Tensor] = []
-    hook = head.register_forward_hook(lambda _m, inputs, _out: caught.append(
-        inputs[0].detach().flatten(1).float().cpu()))
-    pre = model.preprocessing
-    dataset = ImageDataset([Sample(p, -1) for p in paths], eval_transforms(pre), short_side=needed_side(pre))
-    try:
-        out = predict_dataset(model, dataset, batch_size, device, num_workers)
-    except ProjectError as err:  # not one decodable image
-        raise ProjectError(f"none of the {len(paths)} files could be decoded as an image "
-                           "(python -m project check-data DIR says why)") from err
-    finally:
-        hook.remove()
-    embeddings = torch.cat(caught)
-    if len(embeddings) != len(out["index"]):
-        raise ProjectError(f"the head '{model.head_name}' ran {len(embeddings)} times for "
-                           f"{len(out['index'])} images: its input is not one embedding per image")
-    return out["index"].tolist(), out["logits"], embeddings
-
-
 def embed_pool(model, paths: list[str], batch_size: int = 64, device: str = "cpu", num_workers: int = 0,
-               labeled_paths: list[str] | Callable[[], list[str] | None] | None = None) -> Pool:
+               labeled_paths: list[str] | Callable[[], list[str] | None] | None = None,
+               network: Network | None = None, cache: str | Path = CACHE_ROOT) -> Pool:
     """The pool of ``paths`` (undecodable files left out and listed in ``skipped``).
     ``labeled_paths``: the labeled images, or a function that finds them (called only when a
-    strategy asks for their embeddings)."""
-    index, logits, embeddings = forward_pass(model, paths, batch_size, device, num_workers)
+    strategy asks for their embeddings). ``network``: ``model`` with its cache key; its embeddings
+    and logits are read from and added to the cache under ``cache``."""
+    def features(found: list[str]) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+        if network is None:
+            return forward_pass(model, found, batch_size, device, num_workers)
+        done = embed(found, network, cache, batch_size, device, num_workers)
+        if not done.paths:
+            raise ProjectError(f"none of the {len(found)} files could be decoded as an image "
+                               "(python -m project check-data DIR says why)")
+        at = {p: i for i, p in enumerate(found)}
+        return ([at[p] for p in done.paths], torch.from_numpy(done.logits),
+                torch.from_numpy(done.features))
+
+    index, logits, embeddings = features(paths)
     probs = model.task.probabilities(logits, model.temperature.cpu())  # None: no class distribution
     kept = set(index)
 
@@ -89,7 +76,7 @@ def embed_pool(model, paths: list[str], batch_size: int = 64, device: str = "cpu
         if not found:
             return None
         try:
-            return forward_pass(model, found, batch_size, device, num_workers)[2]
+            return features(found)[2]
         except ProjectError:  # not one of them decodable: k-center measures from the chosen only
             return None
 

@@ -1,0 +1,176 @@
+"""check-data's look through a network's eyes: near-duplicates (resized, cropped, re-encoded copies
+the byte check misses) within and across splits, the images least like their class, and the
+classes most alike. Runs when a network is given (``--ckpt_path``, ``--config``) or a run exists."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from project.common.files import atomic_path, list_images
+from project.errors import ProjectError
+from project.extras.embeddings.cache import embed
+from project.extras.embeddings.neighbours import likeness_to_class, look_alike_classes, near_pairs
+from project.extras.embeddings.sources import add_network_args, network_from_args
+
+log = logging.getLogger("project")
+NEAR = 0.97  # the default --near: planted copies on tiny data scored 0.98-1.0 (not yet benchmarked on photos)
+SHEET_PAIRS = 12  # pairs on near_duplicates.png
+SHOWN = 5  # lines of each list printed
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    add_network_args(p)
+    p.add_argument("--near", type=float, default=NEAR,
+                   help="cosine similarity of embeddings above which two images count as near-duplicates")
+    p.add_argument("--out", default="logs/check-data", help="folder for near_duplicates.csv/.png, "
+                                                            "outliers.csv, look_alikes.csv")
+    p.add_argument("--drop-leaks", dest="drop_leaks", action="store_true",
+                   help="write labels_without_leaks.csv: every image but the training copies of leaks")
+
+
+def wanted(a: argparse.Namespace) -> bool:
+    """A network given, or a run to take one from: check-data on a fresh folder stays as it was."""
+    from project.runs import run_dirs
+
+    return bool(a.ckpt_path or a.config or run_dirs())
+
+
+def labeled_images(data_dir: str, labels: str | None) -> list[tuple[str, str, str]]:
+    """(split, label, path) of every image of the folder or table (the split "train" where none)."""
+    root = Path(data_dir)
+    if labels:
+        from project.data.tables import read_table
+
+        table = read_table(labels, data_dir)
+        return [(r.split or "train", table.labels.text(r.label), str(root / r.image)) for r in table.rows
+                if (root / r.image).is_file()]
+    from project.data.folders import layout
+
+    base, classes, splits = layout(root)
+    return [(split, cls, p) for split, folder in {"train": base, **splits}.items() for cls in classes
+            for p in list_images(folder / cls)]
+
+
+def write_csv(path: Path, fields: list[str], rows: list[dict]) -> None:
+    with atomic_path(path) as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def report(a: argparse.Namespace) -> str:
+    """The section check-data prints (files written to ``--out``); a notice instead when the
+    network was not asked for and cannot be loaded."""
+    if not 0 < a.near <= 1:
+        raise ProjectError(f"--near must be a cosine similarity in (0, 1], got {a.near}")
+    try:
+        network, _ = network_from_args(a)
+    except ProjectError as err:
+        if a.ckpt_path or a.config:
+            raise
+        return f"Notice: no near-duplicate check: the newest run's network does not load ({err})"
+    images = labeled_images(a.data_dir, a.labels)
+    if not images:
+        return ""
+    done = embed([p for _, _, p in images], network, a.cache, a.batch_size, a.device, a.num_workers)
+    of = {p: (split, label) for split, label, p in images}
+    paths = done.paths
+    name = {p: Path(p).relative_to(a.data_dir).as_posix() if Path(p).is_relative_to(a.data_dir) else p
+            for p in paths}
+    out = Path(a.out)
+    lines = [f"NEAR-DUPLICATES AND OUTLIERS (embeddings of {network.described}; {done.computed} of "
+             f"{len(paths)} images embedded now, {len(done.skipped)} undecodable left out):"]
+    i, j, s, truncated = near_pairs(done.features, a.near)
+    pairs = [{"image_a": name[paths[x]], "image_b": name[paths[y]], "similarity": f"{v:.4f}",
+              "split_a": of[paths[x]][0], "split_b": of[paths[y]][0]}
+             for x, y, v in zip(i, j, s, strict=True)]
+    write_csv(out / "near_duplicates.csv", ["image_a", "image_b", "similarity", "split_a", "split_b"], pairs)
+    leaks = [r for r in pairs if r["split_a"] != r["split_b"]]
+    more = " (the closest only: raise --near)" if truncated else ""
+    lines.append(f"  {len(pairs)} pairs above cosine {a.near}{more}: {len(leaks)} across splits (leaks: "
+                 f"the copy's score measures memory), {len(pairs) - len(leaks)} within a split "
+                 f"-> {out / 'near_duplicates.csv'}")
+    lines += [f"    {r['similarity']}  {r['image_a']} ({r['split_a']})  ~  {r['image_b']} ({r['split_b']})"
+              for r in (leaks or pairs)[:SHOWN]]
+    if pairs:
+        sheet(done, i, j, s, network.model.preprocessing, out / "near_duplicates.png", name)
+        lines.append(f"  the {min(SHEET_PAIRS, len(pairs))} closest pairs: {out / 'near_duplicates.png'}")
+    if a.drop_leaks:
+        lines.append(drop_leaks(a, leaks, images, out / "labels_without_leaks.csv"))
+    labels = [of[p][1] for p in paths]
+    if len(set(labels)) > 1:
+        lines += outliers_and_look_alikes(done.features, labels, [name[p] for p in paths],
+                                          [of[p][0] for p in paths], out)
+    return "\n".join(lines)
+
+
+def outliers_and_look_alikes(features: np.ndarray, labels: list[str], names: list[str], splits: list[str],
+                             out: Path) -> list[str]:
+    likeness = likeness_to_class(features, labels)
+    order = np.argsort(likeness, kind="stable")
+    write_csv(out / "outliers.csv", ["image", "label", "split", "likeness"],
+              [{"image": names[k], "label": labels[k], "split": splits[k], "likeness": f"{likeness[k]:.4f}"}
+               for k in order])
+    alike = look_alike_classes(features, labels)
+    write_csv(out / "look_alikes.csv", ["class_a", "class_b", "similarity"],
+              [{"class_a": x, "class_b": y, "similarity": f"{v:.4f}"} for x, y, v in alike])
+    lines = [f"  least like their class (cosine to the class's mean embedding; a wrong label or an odd "
+             f"image?) -> {out / 'outliers.csv'}"]
+    lines += [f"    {likeness[k]:.4f}  {names[k]} ({labels[k]})" for k in order[:SHOWN]]
+    lines.append(f"  classes most alike (their mean embeddings; more examples of each helps) "
+                 f"-> {out / 'look_alikes.csv'}")
+    lines += [f"    {v:.4f}  {x} ~ {y}" for x, y, v in alike[:SHOWN]]
+    return lines
+
+
+def sheet(done, i, j, s, pre, path: Path, name: dict) -> None:
+    """near_duplicates.png: the closest pairs side by side, each titled with its similarity."""
+    import torch
+
+    from project.data.datasets import ImageDataset
+    from project.data.folders import Sample
+    from project.data.images import needed_side
+    from project.data.transforms import eval_transforms
+    from project.extras.analysis.plots import denormalise, grid_figure, save
+
+    shown = list(zip(i[:SHEET_PAIRS], j[:SHEET_PAIRS], s[:SHEET_PAIRS], strict=True))
+    paths = [done.paths[k] for x, y, _ in shown for k in (x, y)]
+    dataset = ImageDataset([Sample(p, 0) for p in paths], eval_transforms(pre), short_side=needed_side(pre))
+    images, titles = [], []
+    for n, (_x, _y, v) in enumerate(shown):
+        a, b = dataset[2 * n], dataset[2 * n + 1]
+        if a is None or b is None:
+            continue
+        images += [a[0], b[0]]
+        titles += [f"{v:.3f}\n{name[paths[2 * n]][-22:]}", f"~\n{name[paths[2 * n + 1]][-22:]}"]
+    if images:
+        grid = denormalise(torch.stack(images), pre.mean, pre.std)
+        title = "closest pairs of images (cosine similarity of embeddings)"
+        save(grid_figure(grid, titles, title, cols=4), path)
+
+
+def drop_leaks(a: argparse.Namespace, leaks: list[dict], images: list[tuple[str, str, str]],
+               path: Path) -> str:
+    """A labels table of every image but the training member of each leak pair; with ``--labels``,
+    that table's rows (all its columns) less those images."""
+    root = Path(a.data_dir)
+    dropped = {r["image_a"] if r["split_a"] == "train" else r["image_b"] for r in leaks
+               if "train" in (r["split_a"], r["split_b"])}
+    if a.labels:
+        with open(a.labels, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            fields, rows = list(reader.fieldnames or []), list(reader)
+        rows = [r for r in rows if Path(r["image"]).as_posix() not in dropped]
+    else:
+        fields = ["image", "label", "split"]
+        rows = [{"image": Path(p).relative_to(root).as_posix(), "label": label, "split": split}
+                for split, label, p in images]
+        rows = [r for r in rows if r["image"] not in dropped]
+    write_csv(path, fields, rows)
+    return (f"  {len(dropped)} training copies of leaks left out of {path} ({len(rows)} rows): train with "
+            f"--data.labels={path} --data.data_dir={a.data_dir}")

@@ -1,0 +1,120 @@
+"""``python -m project embed`` fills the embedding cache; ``python -m project probe`` fits a linear
+classifier on the frozen embeddings of the run's data and scores it beside the fine-tuned model.
+
+    python -m project embed DATA_DIR [--labels CSV] [--ckpt_path CKPT|RUN | --config FILE]
+    python -m project probe [--ckpt_path CKPT|RUN | --config FILE --data_dir DIR] [--out DIR]
+
+A probe that scores near the fine-tuned model says the backbone's features already separate the
+classes (fine-tuning bought little); far below it, fine-tuning earned its cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from project.common.files import list_images, write_text
+from project.errors import ProjectError
+from project.extras.embeddings.cache import Embedded, embed
+from project.extras.embeddings.sources import add_network_args, labeled_splits, network_from_args
+
+log = logging.getLogger("project")
+
+
+def embed_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m project embed",
+                                description="Compute the embeddings of a data folder once, into the cache "
+                                            "that probe, suspects, check-data and suggest read")
+    p.add_argument("data_dir", help="a folder of images (any layout)")
+    p.add_argument("--labels", help="a labels table: embed only the images it names")
+    add_network_args(p)
+    a = p.parse_args(argv)
+    if not Path(a.data_dir).is_dir():
+        raise ProjectError(f"'{a.data_dir}' is not a folder: pass the data folder")
+    if a.labels:
+        from project.data.tables import read_table
+
+        paths = [str(Path(a.data_dir) / r.image) for r in read_table(a.labels, a.data_dir).rows]
+    else:
+        paths = list_images(a.data_dir)
+    if not paths:
+        raise ProjectError(f"no image files in '{a.data_dir}'")
+    network, _ = network_from_args(a)
+    start = time.perf_counter()
+    done = embed(paths, network, a.cache, a.batch_size, a.device, a.num_workers)
+    print(summary(done, len(paths), time.perf_counter() - start))
+    return 0
+
+
+def summary(done: Embedded, total: int, seconds: float) -> str:
+    skipped = f", {len(done.skipped)} skipped (unreadable or not an image)" if done.skipped else ""
+    dims = done.features.shape[1] if done.features.size else 0
+    return (f"{len(done.paths)} of {total} images embedded ({dims} values each): {done.computed} computed, "
+            f"{len(done.paths) - done.computed} from the cache{skipped}; {seconds:.1f} s -> {done.folder}")
+
+
+def run_folder(ckpt: Path) -> Path:
+    """The run a checkpoint belongs to (``<run>/checkpoints/<file>``), else its folder."""
+    return ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
+
+
+def accuracy(probs_or_logits: np.ndarray, labels: np.ndarray) -> float | None:
+    return float((probs_or_logits.argmax(1) == labels).mean()) if len(labels) else None
+
+
+def probe_main(argv: list[str]) -> int:
+    from project.extras.embeddings.linear import fit_linear, single_labels
+
+    p = argparse.ArgumentParser(prog="python -m project probe",
+                                description="A linear classifier on the frozen embeddings of the run's "
+                                            "data: train fits it, val and test score it")
+    add_network_args(p)
+    p.add_argument("--data_dir", help="the data (default: the checkpoint's, or the config's data.data_dir)")
+    p.add_argument("--labels", help="a labels table of --data_dir")
+    p.add_argument("--l2", type=float, default=1e-2, help="weight decay of the linear classifier")
+    p.add_argument("--out", help="folder for probe.json (default: the run folder)")
+    a = p.parse_args(argv)
+    splits = labeled_splits(None, None, a.data_dir, a.labels, a.config) if a.config else None  # data first
+    network, ckpt = network_from_args(a)
+    splits = splits or labeled_splits(ckpt, network, a.data_dir, a.labels, a.config)
+    parts = {"train": splits.train, "val": splits.val, "test": splits.test}
+    labels = {k: single_labels(v, "probe") for k, v in parts.items()}
+    if not len(labels["train"]) or not (len(labels["val"]) or len(labels["test"])):
+        raise ProjectError("probe needs training images and val or test images to score it")
+    paths = [s.path for v in parts.values() for s in v]
+    done = embed(paths, network, a.cache, a.batch_size, a.device, a.num_workers)
+    row = {p: i for i, p in enumerate(done.paths)}
+    scores: dict = {"network": network.described, "classes": len(splits.classes),
+                    "skipped": len(done.skipped)}
+    probe = None
+    for name, samples in parts.items():
+        keep = [i for i, s in enumerate(samples) if s.path in row]
+        x = done.features[[row[samples[i].path] for i in keep]] if keep else np.zeros((0, 0))
+        y = labels[name][keep]
+        if name == "train":
+            probe = fit_linear(x, y, len(splits.classes), a.l2)
+            scores["train_images"] = len(y)
+            continue
+        scores[f"{name}_images"] = len(y)
+        scores[f"{name}_acc_probe"] = accuracy(probe.probabilities(x), y) if len(y) else None
+        if done.logits is not None:
+            logits = done.logits[[row[samples[i].path] for i in keep]] if keep else np.zeros((0, 1))
+            scores[f"{name}_acc_finetuned"] = accuracy(logits, y)
+    out = Path(a.out) if a.out else run_folder(ckpt) if ckpt is not None else Path("logs/probe")
+    write_text(out / "probe.json", json.dumps(scores, indent=1))
+    print(f"Linear probe on the frozen embeddings of {network.described} "
+          f"({scores['train_images']} training images, {done.computed} embedded now):")
+    for name in ("val", "test"):
+        if scores.get(f"{name}_acc_probe") is None:
+            continue
+        tuned = scores.get(f"{name}_acc_finetuned")
+        beside = f" (fine-tuned model: {tuned:.4f})" if tuned is not None else ""
+        print(f"  {name} accuracy: {scores[f'{name}_acc_probe']:.4f} on {scores[f'{name}_images']} "
+              f"images{beside}")
+    print(f"-> {out / 'probe.json'}")
+    return 0

@@ -1,0 +1,233 @@
+"""Embeddings once (project/extras/embeddings/): the cache computes each image once per network, and
+probe, suspects, check-data and suggest read it."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from project.extras.embeddings import cache as cache_module
+from tests.conftest import best_ckpt, cli
+
+
+@pytest.fixture
+def data(tiny_data, tmp_path) -> Path:
+    """A copy of tiny_data that a test may change."""
+    return Path(shutil.copytree(tiny_data, tmp_path / "data"))
+
+
+def forwarded() -> int:
+    return cache_module.FORWARDED
+
+
+def embed(data: Path, run: Path, cwd: Path, *extra: str) -> int:
+    return cli(["embed", str(data), "--ckpt_path", str(best_ckpt(run)), "--cache", str(cwd / "cache"),
+                *extra], cwd)
+
+
+def test_a_second_embed_computes_nothing_and_a_changed_file_alone_is_embedded_again(
+        data, trained_run, tmp_path, capsys):
+    images = sorted(data.rglob("*.png"))
+    before = forwarded()
+    assert embed(data, trained_run, tmp_path) == 0
+    assert forwarded() - before == len(images)
+    assert f"{len(images)} computed" in capsys.readouterr().out
+    before = forwarded()
+    assert embed(data, trained_run, tmp_path) == 0
+    assert forwarded() == before
+    assert f"0 computed, {len(images)} from the cache" in capsys.readouterr().out
+    changed = images[3]
+    Image.open(changed).convert("RGB").rotate(90).save(changed)
+    before = forwarded()
+    assert embed(data, trained_run, tmp_path) == 0
+    assert forwarded() - before == 1
+    shutil.move(images[5], images[5].with_name("renamed.png"))  # the same bytes under another name
+    before = forwarded()
+    assert embed(data, trained_run, tmp_path) == 0
+    assert forwarded() == before
+
+
+def test_a_cache_of_another_network_is_not_reused(data, trained_run, tmp_path, capsys):
+    assert embed(data, trained_run, tmp_path) == 0
+    capsys.readouterr()
+    before = forwarded()
+    last = trained_run / "checkpoints" / "last.ckpt"
+    assert cli(["embed", str(data), "--ckpt_path", str(last), "--cache", str(tmp_path / "cache")],
+               tmp_path) == 0
+    assert forwarded() - before == len(list(data.rglob("*.png")))
+    assert "another network" in capsys.readouterr().err
+    assert len(list((tmp_path / "cache").glob("*/meta.json"))) == 2
+
+
+def test_a_cache_folder_whose_meta_names_another_network_is_rebuilt(data, trained_run, tmp_path, capsys):
+    assert embed(data, trained_run, tmp_path) == 0
+    meta = next((tmp_path / "cache").glob("*/meta.json"))
+    meta.write_text(meta.read_text().replace("checkpoint sha256", "checkpoint sha256 0"))
+    capsys.readouterr()
+    before = forwarded()
+    assert embed(data, trained_run, tmp_path) == 0
+    assert forwarded() - before == len(list(data.rglob("*.png")))
+    assert "rebuilt" in capsys.readouterr().err
+
+
+def test_an_unreadable_image_is_skipped_and_counted_once(data, trained_run, tmp_path, capsys):
+    (data / "train" / "circle" / "broken.png").write_bytes(b"not a png")
+    assert embed(data, trained_run, tmp_path) == 0
+    assert "1 skipped" in capsys.readouterr().out
+    before = forwarded()
+    assert embed(data, trained_run, tmp_path) == 0
+    out = capsys.readouterr().out
+    assert forwarded() == before and "1 skipped" in out and "0 computed" in out
+
+
+def test_an_interrupted_embed_leaves_nothing_a_later_run_reads(data, trained_run, tmp_path, monkeypatch):
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cache_module.np, "savez", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        embed(data, trained_run, tmp_path)
+    monkeypatch.undo()
+    folder = next((tmp_path / "cache").iterdir())
+    assert not list(folder.glob("*.npz")) and not list(folder.glob(".*"))
+    before = forwarded()
+    assert embed(data, trained_run, tmp_path) == 0
+    assert forwarded() - before == len(list(data.rglob("*.png")))
+
+
+def test_probe_prints_the_accuracies_beside_the_fine_tuned_model_and_embeds_nothing_twice(
+        trained_run, tmp_path, capsys):
+    args = ["probe", "--ckpt_path", str(trained_run), "--cache", str(tmp_path / "cache"),
+            "--out", str(tmp_path / "probe")]
+    assert cli(args, tmp_path) == 0
+    out = capsys.readouterr().out
+    assert "val accuracy: " in out and "test accuracy: " in out and "fine-tuned model: " in out
+    import json
+
+    scores = json.loads((tmp_path / "probe" / "probe.json").read_text())
+    assert scores["train_images"] == 40 and scores["test_images"] == 20
+    assert 0 <= scores["test_acc_probe"] <= 1 and 0 <= scores["test_acc_finetuned"] <= 1
+    before = forwarded()
+    assert cli(args, tmp_path) == 0
+    assert forwarded() == before
+
+
+def plant_copies(data: Path) -> list[tuple[str, str]]:
+    """A resized, a cropped and a re-encoded (JPEG) copy of three test images, put in train/ under
+    new names: (original, copy) as the data folder names them."""
+    planted = []
+    for k, (original, change) in enumerate(zip(sorted((data / "test").rglob("*.png"))[::7][:3],
+                                               ("resized", "cropped", "jpeg"), strict=True)):
+        image = Image.open(original).convert("RGB")
+        w, h = image.size
+        copy = {"resized": image.resize((2 * w, 2 * h), Image.BICUBIC),
+                "cropped": image.crop((1, 1, w - 1, h - 1)), "jpeg": image}[change]
+        target = data / "train" / original.parent.name / f"reupload{k}.{'jpg' if change == 'jpeg' else 'png'}"
+        copy.save(target, **({"quality": 90} if change == "jpeg" else {}))
+        planted.append((original.relative_to(data).as_posix(), target.relative_to(data).as_posix()))
+    return planted
+
+
+def test_check_data_finds_resized_cropped_and_reencoded_copies_across_splits(data, trained_run, tmp_path,
+                                                                           capsys):
+    planted = plant_copies(data)
+    args = ["check-data", str(data), "--ckpt_path", str(trained_run), "--cache", str(tmp_path / "cache"),
+            "--out", str(tmp_path / "out"), "--drop-leaks"]
+    assert cli(args, tmp_path) == 0
+    out = capsys.readouterr().out
+    assert "NEAR-DUPLICATES" in out and "least like their class" in out and "classes most alike" in out
+    with open(tmp_path / "out" / "near_duplicates.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    found = {frozenset((r["image_a"], r["image_b"])): r for r in rows}
+    for original, copy in planted:
+        pair = found[frozenset((original, copy))]
+        assert {pair["split_a"], pair["split_b"]} == {"train", "test"}
+    leaks = [frozenset((r["image_a"], r["image_b"])) for r in rows if r["split_a"] != r["split_b"]]
+    assert set(leaks[:len(planted)]) == {frozenset(p) for p in planted}  # the closest of all
+    assert (tmp_path / "out" / "near_duplicates.png").stat().st_size > 0
+    with open(tmp_path / "out" / "labels_without_leaks.csv", newline="") as f:
+        kept = {r["image"] for r in csv.DictReader(f)}
+    assert not kept & {copy for _, copy in planted} and {original for original, _ in planted} <= kept
+    assert len(list((tmp_path / "out").glob("outliers.csv"))) == 1
+    before = forwarded()
+    assert cli(args, tmp_path) == 0
+    assert forwarded() == before
+
+
+def test_check_data_without_a_network_or_run_is_as_before(tiny_data, tmp_path, capsys):
+    assert cli(["check-data", str(tiny_data)], tmp_path) == 0
+    assert "NEAR-DUPLICATES" not in capsys.readouterr().out
+    assert not (tmp_path / "logs").exists()
+
+
+@pytest.fixture
+def colours(tmp_path) -> tuple[Path, list[str]]:
+    """Three classes of noisy images that any network tells apart (red, green, blue), 12 training
+    images each, of which three are filed under a wrong class: (folder, the wrongly filed paths)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    root = tmp_path / "colours"
+    wrong = []
+    for split, count in (("train", 12), ("val", 3)):
+        for name in ("blue", "green", "red"):
+            (root / split / name).mkdir(parents=True)
+        for c, name in enumerate(("blue", "green", "red")):
+            for k in range(count):
+                pixels = rng.integers(0, 90, (32, 32, 3))
+                pixels[..., 2 - c] += 160
+                folder = name
+                if split == "train" and k == 0:  # planted: a red image filed as green, ...
+                    folder = ("green", "red", "blue")[c]
+                path = root / split / folder / f"{name}{k}.png"
+                Image.fromarray(pixels.astype("uint8")).save(path)
+                if folder != name:
+                    wrong.append(str(path))
+    return root, wrong
+
+
+def test_suspects_by_embeddings_ranks_planted_wrong_labels_first_and_embeds_once(
+        colours, trained_run, tmp_path, capsys):
+    data, wrong = colours
+    args = ["suspects", "--ckpt_path", str(trained_run), "--data_dir", str(data), "--folds", "3",
+            "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "suspects")]
+    assert cli(args, tmp_path) == 0
+    assert "linear model on embeddings" in capsys.readouterr().out
+    with open(tmp_path / "suspects" / "suspects.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 36
+    assert {r["path"] for r in rows[:len(wrong)]} == set(wrong), rows[:5]
+    assert (tmp_path / "suspects" / "suspects.png").stat().st_size > 0
+    before = forwarded()
+    assert cli(args, tmp_path) == 0
+    assert forwarded() == before
+
+
+def test_probe_scores_a_linear_classifier_on_separable_embeddings(colours, trained_run, tmp_path, capsys):
+    data, _ = colours
+    assert cli(["probe", "--ckpt_path", str(trained_run), "--data_dir", str(data), "--cache",
+                str(tmp_path / "cache"), "--out", str(tmp_path / "probe")], tmp_path) == 0
+    out = capsys.readouterr().out
+    assert "val accuracy: 1.0000 on 9 images" in out, out
+
+
+def test_suggest_reads_and_fills_the_same_cache(tiny_data, trained_run, tmp_path, capsys):
+    unlabeled = tmp_path / "unlabeled"
+    unlabeled.mkdir()
+    for k, image in enumerate(sorted((tiny_data / "test").rglob("*.png"))[:8]):
+        shutil.copy(image, unlabeled / f"new{k}.png")
+    cache = tmp_path / "cache"
+    assert embed(unlabeled, trained_run, tmp_path) == 0  # `embed` first: suggest then computes
+    args = ["suggest", "--unlabeled", str(unlabeled), "--n", "4", "--ckpt_path", str(trained_run),
+            "--cache", str(cache), "--out", str(tmp_path / "suggest")]
+    before = forwarded()
+    assert cli(args, tmp_path) == 0
+    assert forwarded() - before == 40  # the training images only (k-center keeps away from them)
+    assert (tmp_path / "suggest" / "to_label.csv").read_text().count("\n") == 5  # header and 4 rows
+    before = forwarded()
+    assert cli(args, tmp_path) == 0
+    assert forwarded() == before
