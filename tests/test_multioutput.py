@@ -185,3 +185,19 @@ def test_the_analysis_preset_skips_what_a_multioutput_task_has_not(shape_colour_
     preset = f"--config={REPO / 'configs/presets/analysis.yaml'}"
     assert cli(["fit", *mo_args(shape_colour_data, preset, *QUICK, epochs=1)], tmp_path) == 0
     assert "no temperature fitted: a multioutput task's outputs have none" in capsys.readouterr().err
+
+
+def test_balanced_class_weights_weigh_each_column_s_classes(shape_colour_data):
+    from project.model import ImageClassifier
+    from project.tasks.multioutput.task import MultiOutput
+
+    stats = MultiOutput.summarise_labels([(0, 0), (0, 1), (1, 1), (0, 1)], 3)
+    assert stats["balanced_weights"] == pytest.approx([4 / 6, 4 / 2, 4 / 2, 4 / 6])
+    names = ["shape=a", "shape=b", "colour=x", "colour=y"]
+    model = ImageClassifier(num_classes=4, class_names=names, task="multioutput", weights=None, input=32,
+                            label_stats=stats, class_weights="balanced")
+    model.setup("fit")
+    logits, target = torch.randn(4, 4), torch.tensor([[0, 0], [0, 1], [1, 1], [0, 1]])
+    weighted = model.loss(logits, target)
+    model.hparams.class_weights = None  # read when the loss is computed
+    assert float(weighted) != pytest.approx(float(model.loss(logits, target)))

@@ -39,6 +39,17 @@ class MultiOutput(Task):
             self.columns.append((column, slice(start, start + len(classes))))
             start += len(classes)
 
+    @classmethod
+    def summarise_labels(cls, targets: list, num_outputs: int) -> dict:
+        """``class_weights: balanced``: each column's classes weighed as a balanced draw would."""
+        if not targets:
+            return {}
+        columns, weights = torch.as_tensor(targets), []
+        for j in range(columns.shape[1]):
+            counts = torch.bincount(columns[:, j]).clamp(min=1).double()
+            weights += (counts.sum() / (len(counts) * counts)).tolist()
+        return {"balanced_weights": weights}
+
     @staticmethod
     def target(label: object) -> torch.Tensor:
         return torch.tensor(label, dtype=torch.long)  # a class index per column
