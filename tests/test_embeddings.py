@@ -231,3 +231,17 @@ def test_suggest_reads_and_fills_the_same_cache(tiny_data, trained_run, tmp_path
     before = forwarded()
     assert cli(args, tmp_path) == 0
     assert forwarded() == before
+
+
+def test_evaluate_shows_the_probe_beside_the_fine_tuned_model(trained_run, tmp_path):
+    import shutil
+
+    from tests.conftest import best_ckpt
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    assert cli(["probe", "--ckpt_path", str(run), "--cache", str(tmp_path / "cache")], tmp_path) == 0
+    assert (run / "probe.json").is_file()
+    assert cli(["evaluate", str(run)], tmp_path) == 0
+    report = (best_ckpt(run).parent / "report.md").read_text()
+    assert "## Linear probe" in report and "| test | " in report.split("## Linear probe")[1]

@@ -73,4 +73,24 @@ def main(argv: list[str]) -> int:
                               mirrored=a.tta == "hflip")
     model.task.write_report(model, model.results["test"], str(ckpt), Path(ckpt).parent, samples,
                             dm.datasets["test"], a.top, a.target_acc)
+    add_probe(run / "probe.json", Path(ckpt).parent / "report.md")
     return 0
+
+
+def add_probe(probe: Path, report: Path) -> None:
+    """The linear probe's scores (``python -m project probe``, when it ran) beside the fine-tuned
+    model's, at the end of the report: what fine-tuning earned over the frozen features."""
+    if not probe.is_file() or not report.is_file():
+        return
+    import json
+
+    scores = json.loads(probe.read_text(encoding="utf-8"))
+    lines = ["", "## Linear probe", "", "A linear classifier on the frozen embeddings of "
+             f"{scores.get('network')} (`python -m project probe`), beside this model:", "",
+             "| split | probe | fine-tuned |", "|---|---|---|"]
+    for split in ("val", "test"):
+        probe_acc, tuned = scores.get(f"{split}_acc_probe"), scores.get(f"{split}_acc_finetuned")
+        if probe_acc is not None:
+            lines.append(f"| {split} | {probe_acc:.4f} | {'-' if tuned is None else f'{tuned:.4f}'} |")
+    report.write_text(report.read_text(encoding="utf-8") + "\n".join(lines) + "\n", encoding="utf-8")
+    print("\n".join(lines[1:2] + lines[5:]))
