@@ -13,7 +13,7 @@ ARGS   ?=
 INPUT  ?= $(DEMO)/test
 DATA_DIR ?= $(DEMO)
 
-.PHONY: help install data train train-ddp resume evaluate predict export serve check-data overfit \
+.PHONY: help install data init train train-ddp resume evaluate predict export serve check-data overfit \
         calibrate suspects suggest lr-find find-batch-size profile test test-fast lint tensorboard bench bench-accuracy bench-multilabel bench-regression bench-transfer bench-fewer-labels bench-serve notebooks \
         models resize-data optimize-data bench-photos sweep sweep-worker sweep-report browser servers clean
 
@@ -74,6 +74,10 @@ resize-data: $(STAMP) ## Copy DATA_DIR to OUT (default DATA_DIR-SIDE) with short
 SHARDS ?= $(DATA_DIR)-shards
 optimize-data: $(STAMP) ## Pack DATA_DIR into LitData chunks at SHARDS (default DATA_DIR-shards) for streaming
 	$(PY) -m project optimize-data $(DATA_DIR) $(SHARDS) $(ARGS)
+
+init: $(STAMP) ## Write configs/NAME.yaml for a data set (DATA=dir, ARGS="--labels t.csv --weights null")
+	@test -n "$(DATA)" || { echo "make init needs DATA=path/to/images (and ARGS=\"--labels labels.csv\" for a table)"; exit 2; }
+	$(PY) -m project init $(DATA) $(ARGS)
 
 check-data: $(STAMP) ## Scan a data folder (DATA_DIR=...) for unreadable, odd and identical images
 	$(PY) -m project check-data $(DATA_DIR) $(ARGS)

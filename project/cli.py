@@ -34,6 +34,7 @@ COMMANDS = {
     "predict": "project.extras.deploy.predict:main",
     "export": "project.extras.deploy.export:main",
     "serve": "project.extras.deploy.serve:main",
+    "init": "project.extras.datatools.init:main",
     "check-data": "project.extras.datatools.check_data:main",
     "resize-data": "project.extras.datatools.resize:main",
     "optimize-data": "project.extras.streaming.optimize:main",
