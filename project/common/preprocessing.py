@@ -18,7 +18,7 @@ class Input:
     ImageNet weights), else ImageNet's (resolved once into a :class:`Preprocessing` by
     ``backbones.resolve_preprocessing``)."""
 
-    size: int | None = 224
+    size: int | None = None
     crop_ratio: float | None = None
     interpolation: Literal["bilinear", "bicubic", "nearest"] | None = None
     mean: list[float] | None = None
