@@ -6,6 +6,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 CONFIG ?= configs/train.yaml
+# the demo's 48 px and run name, stacked while CONFIG is the default (make init writes your own)
+WITH   := --config $(CONFIG)$(if $(filter configs/train.yaml,$(CONFIG)), --config configs/demo.yaml)
 DEMO   := data/demo
 ARGS   ?=
 
@@ -13,7 +15,7 @@ ARGS   ?=
 INPUT  ?= $(DEMO)/test
 DATA_DIR ?= $(DEMO)
 
-.PHONY: help install data train train-ddp resume evaluate predict export serve check-data overfit \
+.PHONY: help install data init train train-ddp resume evaluate predict export serve check-data overfit \
         calibrate suspects suggest embed probe lr-find find-batch-size profile test test-fast lint tensorboard bench bench-accuracy bench-multilabel bench-multioutput bench-regression bench-transfer bench-fewer-labels bench-serve notebooks \
         models resize-data optimize-data bench-photos sweep sweep-worker sweep-report browser servers clean
 
@@ -33,11 +35,11 @@ install: $(STAMP) ## Create .venv and install the project with its test tools
 data: $(STAMP) ## Make the demo data set in data/demo (if missing)
 	@test -d $(DEMO) || $(PY) -m project.data.demo $(DEMO)
 
-train: data ## Train with configs/train.yaml (make train ARGS="--trainer.max_epochs=5")
-	$(PY) -m project fit --config $(CONFIG) $(ARGS)
+train: data ## Train: the demo, or CONFIG=configs/NAME.yaml (make init writes it; ARGS="--trainer.max_epochs=5")
+	$(PY) -m project fit $(WITH) $(ARGS)
 
 train-ddp: data ## Train on all local GPUs with DDP (configs/presets/ddp.yaml)
-	$(PY) -m project fit --config $(CONFIG) --config configs/presets/ddp.yaml $(ARGS)
+	$(PY) -m project fit $(WITH) --config configs/presets/ddp.yaml $(ARGS)
 
 resume: $(STAMP) ## Continue the newest run from its last.ckpt, in the same run folder
 	$(PY) -m project resume $(ARGS)
@@ -49,7 +51,7 @@ calibrate: $(STAMP) ## Fit the temperature of the best checkpoint on the validat
 	$(PY) -m project calibrate $(ARGS)
 
 suspects: data ## Rank training images by out-of-fold disagreement with their label (linear on embeddings; --method refit: K fits) -> suspects.csv/.png
-	$(PY) -m project suspects --config $(CONFIG) $(ARGS)
+	$(PY) -m project suspects $(WITH) $(ARGS)
 
 embed: $(STAMP) ## Embed DATA_DIR once with the best checkpoint (--config FILE: pretrained) into logs/embeddings
 	$(PY) -m project embed $(DATA_DIR) $(ARGS)
@@ -81,32 +83,36 @@ SHARDS ?= $(DATA_DIR)-shards
 optimize-data: $(STAMP) ## Pack DATA_DIR into LitData chunks at SHARDS (default DATA_DIR-shards) for streaming
 	$(PY) -m project optimize-data $(DATA_DIR) $(SHARDS) $(ARGS)
 
+init: $(STAMP) ## Write configs/NAME.yaml for a data set (DATA=dir, ARGS="--labels t.csv --weights null")
+	@test -n "$(DATA)" || { echo "make init needs DATA=path/to/images (and ARGS=\"--labels labels.csv\" for a table)"; exit 2; }
+	$(PY) -m project init $(DATA) $(ARGS)
+
 check-data: $(STAMP) ## Scan a data folder (DATA_DIR=...) for unreadable, odd and identical images
 	$(PY) -m project check-data $(DATA_DIR) $(ARGS)
 
 overfit: data ## Single-batch overfit check: PASS if the model can learn at all
-	$(PY) -m project overfit --config $(CONFIG) $(ARGS)
+	$(PY) -m project overfit $(WITH) $(ARGS)
 
 lr-find: data ## Learning-rate finder: plot and suggested LR
-	$(PY) -m project lr-find --config $(CONFIG) $(ARGS)
+	$(PY) -m project lr-find $(WITH) $(ARGS)
 
 find-batch-size: data ## Largest batch size that fits in memory
-	$(PY) -m project find-batch-size --config $(CONFIG) $(ARGS)
+	$(PY) -m project find-batch-size $(WITH) $(ARGS)
 
 SWEEP ?= configs/sweep.yaml
 sweep: data ## Optuna search of LR, weight decay, augmentation (SWEEP=configs/sweep.yaml); rerun to resume
-	$(PY) -m project sweep --config $(CONFIG) --sweep $(SWEEP) $(ARGS)
+	$(PY) -m project sweep $(WITH) --sweep $(SWEEP) $(ARGS)
 
 STORAGE ?=
 sweep-worker: data ## A worker on a shared study: STORAGE=postgresql://user:pw@host/db, or a journal file
 	@test -n "$(STORAGE)" || { echo "make sweep-worker needs STORAGE=postgresql://user:password@host/db (workers on several machines) or STORAGE=logs/sweeps/STUDY.log (several on this one)"; exit 2; }
-	$(PY) -m project sweep --config $(CONFIG) --sweep $(SWEEP) --storage $(STORAGE) $(ARGS)
+	$(PY) -m project sweep $(WITH) --sweep $(SWEEP) --storage $(STORAGE) $(ARGS)
 
 sweep-report: $(STAMP) ## A sweep's table, best.yaml and plots as they stand (STORAGE= as its workers)
 	$(PY) -m project sweep --report --sweep $(SWEEP) $(if $(STORAGE),--storage $(STORAGE)) $(ARGS)
 
 profile: data ## Profile a short run: where does the time go?
-	$(PY) -m project fit --config $(CONFIG) --config configs/presets/profile.yaml $(ARGS)
+	$(PY) -m project fit $(WITH) --config configs/presets/profile.yaml $(ARGS)
 
 # A test file runs in one worker (its fixtures are built once); a worker per core, at most 4.
 XDIST := -n auto --maxprocesses=4 --dist loadfile

@@ -28,6 +28,7 @@ COMMANDS = {
     "suggest": "project.extras.suggest.command:main",
     "embed": "project.extras.embeddings.command:embed_main",
     "probe": "project.extras.embeddings.command:probe_main",
+    "init": "project.extras.datatools.init:main",
 }
 
 

@@ -58,7 +58,12 @@ def last_checkpoint(run: Path) -> Path:
 def best_checkpoint(run: Path) -> Path:
     """The checkpoint kept for the best monitored metric (``best-*.ckpt``), else ``last.ckpt``."""
     best = sorted(checkpoints(run, "best-*.ckpt"), key=lambda p: p.stat().st_mtime)
-    return best[-1] if best else last_checkpoint(run)
+    if best:
+        return best[-1]
+    if not (run / "checkpoints" / "last.ckpt").is_file():  # not a run folder, or one before its first epoch
+        raise RunNotFoundError(f"'{run}' holds no checkpoint (no {run / 'checkpoints'}/best-*.ckpt or "
+                               "last.ckpt): give a run folder under logs/ that trained an epoch, or a .ckpt")
+    return last_checkpoint(run)
 
 
 def resolve_checkpoint(spec: str | None, root: Path = LOG_ROOT) -> Path:

@@ -55,6 +55,27 @@ def test_single_folder_gets_a_seeded_stratified_split(flat_data):
     assert discover(flat_data, val_fraction=0.2, test_fraction=0.1, seed=4).val != splits.val
 
 
+def test_a_train_folder_alone_gets_a_seeded_val_and_test_split(flat_data, tmp_path):
+    """train/ without val/ and test/ is split as one folder is: a test set for evaluate, too."""
+    shutil.copytree(flat_data, tmp_path / "only" / "train")
+    splits = discover(tmp_path / "only", val_fraction=0.2, test_fraction=0.1, seed=3)
+    one_folder = discover(flat_data, val_fraction=0.2, test_fraction=0.1, seed=3)
+    assert Counter(s.label for s in splits.test) == {0: 1, 1: 2, 2: 3}  # 10 % of each class
+    assert Counter(s.label for s in splits.val) == {0: 2, 1: 4, 2: 6}
+
+    def names(found) -> dict[str, list[str]]:
+        return {split: sorted(Path(s.path).name for s in getattr(found, split))
+                for split in ("train", "val", "test")}
+
+    assert names(splits) == names(one_folder)  # the same seeded draw
+    dm = FolderDataModule(tmp_path / "only", num_workers=0, cache="none", test_fraction=0.0)
+    with pytest.raises(ConfigError, match="set data.test_fraction above 0"):
+        dm.setup("test")
+    shutil.copytree(flat_data, tmp_path / "only" / "test")  # a test/ folder beside it: used as it is
+    given = discover(tmp_path / "only", val_fraction=0.2, test_fraction=0.1, seed=3)
+    assert len(given.test) == 60 and len(given.train) + len(given.val) == 60
+
+
 def test_identical_files_stay_in_one_split_and_check_data_names_them(flat_data, tmp_path, caplog):
     caplog.set_level("INFO")
     copies = tmp_path / "copies"

@@ -18,7 +18,7 @@ from project.checkpoints import load_model
 from project.extras.analysis.calibration import write_temperature
 from project.extras.deploy.infer import OnnxClassifier, classify
 from project.extras.deploy.infer import main as infer_main
-from tests.conftest import CLASSES, best_ckpt, cli
+from tests.conftest import CLASSES, best_ckpt, cli, one_error
 
 
 @pytest.fixture(scope="module")
@@ -206,3 +206,15 @@ def test_predict_and_infer_answer_unsure_below_min_confidence(exported, calibrat
         rows = list(csv.DictReader(table.open()))
         assert rows and all(r["predicted"] == "unsure" and r["unsure"] == "True" for r in rows)
         assert all(r["top1"] for r in rows)  # the top classes are still there
+
+
+def test_infer_refuses_a_text_file_and_an_empty_folder_in_one_line(exported, tmp_path, capsys):
+    """As predict does: exit 2, one error line, no CSV of error rows."""
+    (tmp_path / "notes.txt").write_text("not an image\n")
+    (tmp_path / "empty").mkdir()
+    for bad, said in ((tmp_path / "notes.txt", "no file could be read as an image"),
+                      (tmp_path / "empty", "no image files in")):
+        out = tmp_path / "preds.csv"
+        assert infer_main([str(exported / "model.onnx"), str(bad), "--output", str(out)]) == 2
+        assert said in one_error(capsys.readouterr().err)
+        assert not (tmp_path / "preds.csv").exists()

@@ -115,7 +115,7 @@ def test_the_readme_is_a_front_door():
     assert len(text.splitlines()) <= 250
     first_screen = "\n".join(text.splitlines()[:50])
     assert "make train" in first_screen and "make test" in first_screen
-    assert "--data.data_dir=" in first_screen  # your own data, before any scrolling
+    assert "make init DATA=" in first_screen and "make train CONFIG=" in first_screen  # your own data
     for link in re.findall(r"\]\((docs/[^)]+)\)", text):
         assert (REPO / link).is_file(), link
 

@@ -127,3 +127,10 @@ def test_an_optimizer_or_schedule_that_fails_at_its_first_step_is_one_line_befor
     assert cli(["fit", *fit_args(tiny_data, *QUICK, setting, epochs=1)], tmp_path) == 2
     assert says in one_error(capsys.readouterr().err)
     assert not (tmp_path / "logs").exists()
+
+
+def test_evaluate_on_a_folder_without_checkpoints_says_what_is_missing(tmp_path, capsys):
+    (tmp_path / "logs" / "mine" / "version_0").mkdir(parents=True)
+    assert cli(["evaluate", "logs/mine/version_0"], tmp_path) == 2
+    line = one_error(capsys.readouterr().err)
+    assert "holds no checkpoint" in line and "best-*.ckpt" in line and "resume" not in line

@@ -14,10 +14,11 @@ INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
 
 @dataclass(frozen=True)
 class Input:
-    """The input settings (``model.input``); null: the weights' own, else ImageNet's (resolved once
-    into a :class:`Preprocessing` by ``backbones.resolve_preprocessing``)."""
+    """The input settings (``model.input``); null: the weights' own (``size``: 224 for torchvision's
+    ImageNet weights), else ImageNet's (resolved once into a :class:`Preprocessing` by
+    ``backbones.resolve_preprocessing``)."""
 
-    size: int = 224
+    size: int | None = None
     crop_ratio: float | None = None
     interpolation: Literal["bilinear", "bicubic", "nearest"] | None = None
     mean: list[float] | None = None

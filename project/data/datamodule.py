@@ -17,7 +17,7 @@ from project.common.preprocessing import Preprocessing
 from project.data import folders
 from project.data.datasets import ImageDataset, collate_skipping_bad
 from project.data.folders import FolderSplits, Sample
-from project.data.images import ImageCache, decoded_bytes, needed_side
+from project.data.images import ImageCache, decoded_bytes, needed_side, notice_size_mismatch
 from project.data.samplers import EpochSampler, ShardSampler
 from project.data.transforms import Augmentation, check_scale_agreement, eval_transforms, train_transforms
 from project.data.unlabeled import Unlabeled
@@ -224,6 +224,8 @@ class FolderDataModule(L.LightningDataModule):
         if not samples:
             fix = folders.empty_split_fix(self.data_dir, split)
             raise ConfigError(f"the {split} split of '{self.data_dir}' is empty: {fix}")
+        if split == "train" and self.world()[1] == 0:  # once a run: input size against the images'
+            notice_size_mismatch([s.path for s in samples], self.preprocessing.image_size)
         side = self.short_side(split)
         return ImageDataset(samples, self.transform(split), self.make_cache(samples, split, side),
                             self.hparams.on_bad_image, short_side=side, target=self.task_type.target)

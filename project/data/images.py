@@ -2,8 +2,10 @@
 (:func:`needed_side`), and an optional in-memory cache of them."""
 
 import io
+import logging
 import math
 import os
+import statistics
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -13,6 +15,8 @@ import torch
 from project.common.pixels import DECODE_ERRORS, decoded_size, read_rgb
 from project.common.preprocessing import Preprocessing
 
+log = logging.getLogger(__name__)
+SIZE_NOTICE_FACTOR = 4  # input size and the images' median short side further apart: a notice
 
 def needed_side(pre: Preprocessing, crop_scale: tuple[float, float] | None = None) -> int:
     """The short side to decode at: evaluation's resize side or, for training, one at which even
@@ -21,6 +25,32 @@ def needed_side(pre: Preprocessing, crop_scale: tuple[float, float] | None = Non
         return pre.resize_size
     need = pre.image_size / math.sqrt(crop_scale[0])
     return max(pre.resize_size, math.ceil(need - 1e-9))  # 224 / sqrt(0.25) is 448, not 449
+
+
+def notice_size_mismatch(paths: Sequence[str], image_size: int, sample: int = 64) -> int | None:
+    """Say, in one line, when ``model.input.size`` and the median short side of (a sample of) the
+    training images differ more than fourfold: tiny images blown up, or photos shrunk to a few
+    pixels per detail, are easy to miss in a config. The headers only; the median, or None."""
+    step = max(1, len(paths) // sample)
+    sides = []
+    for path in list(paths)[::step][:sample]:
+        try:
+            sides.append(min(decoded_size(path)))
+        except DECODE_ERRORS:
+            continue
+    if not sides:
+        return None
+    median = int(statistics.median(sides))
+    if image_size > SIZE_NOTICE_FACTOR * median:
+        log.warning("Notice: model.input.size=%d, but the training images' median short side is %d px: each "
+                    "is enlarged %.0fx; a size nearer theirs trains faster (python -m project init "
+                    "chooses one)", image_size, median, image_size / median)
+    elif median > SIZE_NOTICE_FACTOR * image_size:
+        log.warning("Notice: model.input.size=%d, but the training images' median short side is %d px: each "
+                    "is shrunk %.0fx and fine detail is lost; raise model.input.size if it matters "
+                    "(make resize-data shrinks the files once, for faster decoding)",
+                    image_size, median, median / image_size)
+    return median
 
 
 def decode(source: str | bytes | memoryview, short_side: int | None = None) -> torch.Tensor:

@@ -86,7 +86,7 @@ def pretrained_name(name: str, weights: str) -> str:
 
 
 def preprocessing(name: str, weights: str | None) -> dict | None:
-    """Crop ratio, interpolation, mean and std of the weights' ``pretrained_cfg`` (a file: those
+    """Input size, crop ratio, interpolation, mean and std of the weights' ``pretrained_cfg`` (a file: those
     of the name's weights); None for random weights. Reads timm's registry; builds no model."""
     if is_scratch(weights):
         return None
@@ -100,8 +100,9 @@ def preprocessing(name: str, weights: str | None) -> dict | None:
         full = pretrained_name(name, str(weights))
     cfg = _timm().models.get_pretrained_cfg(full)
     interpolation = cfg.interpolation if cfg.interpolation in INTERPOLATIONS else "bicubic"
-    return {"crop_ratio": float(cfg.crop_pct or 0.875), "interpolation": interpolation,
-            "mean": [float(v) for v in cfg.mean], "std": [float(v) for v in cfg.std]}
+    return {"size": int(cfg.input_size[-1]), "crop_ratio": float(cfg.crop_pct or 0.875),
+            "interpolation": interpolation, "mean": [float(v) for v in cfg.mean],
+            "std": [float(v) for v in cfg.std]}
 
 
 def create(model_name: str, num_classes: int, image_size: int | None, **kwargs) -> nn.Module:

@@ -179,7 +179,8 @@ def resolve_preprocessing(backbone: str, weights: str | None, given: Input | dic
     """The one resolver of a model's input (as timm's ``resolve_data_config``): a value given wins,
     else the weights' own (torchvision's ``transforms()``, timm's ``pretrained_cfg``), else ImageNet's."""
     given = Input.of(given)
-    base = {"crop_ratio": 0.875, "interpolation": "bilinear", "mean": IMAGENET_MEAN, "std": IMAGENET_STD}
+    base = {"size": 224, "crop_ratio": 0.875, "interpolation": "bilinear", "mean": IMAGENET_MEAN,
+            "std": IMAGENET_STD}
     if ":" in backbone:  # an own network: the given values, else ImageNet's
         pass
     elif backbone.startswith(TIMM_PREFIX) and not is_scratch(weights):
@@ -189,10 +190,10 @@ def resolve_preprocessing(backbone: str, weights: str | None, given: Input | dic
     elif not is_scratch(weights) and not is_file(str(weights)):
         try:
             t = torchvision.models.get_model_weights(backbone)[weights].transforms()
-            base.update(crop_ratio=t.crop_size[0] / t.resize_size[0], interpolation=t.interpolation.value,
-                        mean=t.mean, std=t.std)
+            base.update(size=t.crop_size[0], crop_ratio=t.crop_size[0] / t.resize_size[0],
+                        interpolation=t.interpolation.value, mean=t.mean, std=t.std)
         except (KeyError, ValueError):
             pass  # an unknown name fails with its own message when the model is built
     values = {k: base[k] if getattr(given, k) is None else getattr(given, k) for k in base}
-    return Preprocessing(given.size, float(values["crop_ratio"]), str(values["interpolation"]),
+    return Preprocessing(values["size"], float(values["crop_ratio"]), str(values["interpolation"]),
                          tuple(float(m) for m in values["mean"]), tuple(float(s) for s in values["std"]))

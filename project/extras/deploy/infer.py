@@ -132,13 +132,20 @@ def main(argv: list[str] | None = None) -> int:
         if not Path(a.input).exists():
             raise FileNotFoundError(f"'{a.input}' does not exist")
         paths = list_images(a.input)
+        if not paths:
+            raise FileNotFoundError(f"no image files in '{a.input}'")
         model.answers.policy(a.min_confidence)  # a bad policy fails before any image is read
         rows = classify(model, paths, a.top_k, min_confidence=a.min_confidence)
     except (ValueError, OSError) as err:  # a missing or foreign model file, a missing input, a bad option
         print(f"error: {err}", file=sys.stderr)
         return 2
-    write_csv(rows, a.output)
     failed = sum(1 for r in rows if r["error"])
+    if failed == len(rows):  # a text file, or a folder of broken files: nothing to write (as predict)
+        first = rows[0]
+        print(f"error: '{a.input}': no file could be read as an image ({first['path']}: {first['error']})",
+              file=sys.stderr)
+        return 2
+    write_csv(rows, a.output)
     print(f"{len(rows) - failed} images classified with {a.model} -> {a.output}")
     return 0
 

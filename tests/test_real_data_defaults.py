@@ -1,0 +1,57 @@
+"""Defaults that fit the images a user brings: the input size is the weights' own unless a config
+says otherwise, the demo's 48 px live in the demo's config, and a size far from the images' says so."""
+
+from __future__ import annotations
+
+import io
+import logging
+from contextlib import redirect_stdout
+
+import yaml
+
+from project.common.preprocessing import Input, Preprocessing
+from project.data import FolderDataModule
+from project.model.backbones import resolve_preprocessing
+from tests.conftest import REPO, TRAIN_CONFIG, cli
+
+DEMO_CONFIG = REPO / "configs" / "demo.yaml"
+
+
+def printed(*configs) -> dict:
+    out = io.StringIO()
+    with redirect_stdout(out):
+        args = [a for c in configs for a in ("--config", str(c))]
+        assert cli(["fit", *args, "--print_config"], REPO) == 0
+    return yaml.safe_load(out.getvalue())
+
+
+def test_the_input_size_defaults_to_the_weights_own():
+    assert Input().size is None and printed(TRAIN_CONFIG)["model"]["input"]["size"] is None
+    assert resolve_preprocessing("resnet18", "DEFAULT", Input()).image_size == 224
+    assert resolve_preprocessing("efficientnet_b3", "DEFAULT", Input()).image_size == 300  # its own, not 224
+    assert resolve_preprocessing("resnet18", None, Input()).image_size == 224  # random weights: ImageNet's
+    assert resolve_preprocessing("efficientnet_b3", "DEFAULT", Input(size=64)).image_size == 64  # given wins
+
+
+def test_the_demo_keeps_its_48_px_and_name_in_its_own_config():
+    plain, demo = printed(TRAIN_CONFIG), printed(TRAIN_CONFIG, DEMO_CONFIG)
+    assert demo["model"]["input"]["size"] == 48 and demo["trainer"]["logger"]["init_args"]["name"] == "demo"
+    assert plain["trainer"]["logger"]["init_args"]["name"] != "demo"
+    assert {k: v for k, v in demo["model"].items() if k != "input"} == {
+        k: v for k, v in plain["model"].items() if k != "input"}  # nothing else differs
+
+
+def test_an_input_size_fourfold_off_the_images_is_a_one_line_notice(tiny_data, caplog):
+    def notices(size: int) -> list[str]:
+        caplog.clear()
+        dm = FolderDataModule(str(tiny_data), num_workers=0, cache="none", preprocessing=Preprocessing(size))
+        with caplog.at_level(logging.WARNING, logger="project"):
+            dm.setup("fit")
+        messages = [r.getMessage() for r in caplog.records]
+        return [m for m in messages if m.startswith("Notice: model.input.size")]
+
+    assert notices(32) == [] and notices(128) == []  # 32 px images: at most fourfold
+    enlarged = notices(224)
+    assert len(enlarged) == 1 and "median short side is 32 px" in enlarged[0] and "7x" in enlarged[0]
+    shrunk = notices(7)
+    assert len(shrunk) == 1 and "shrunk 5x" in shrunk[0]
