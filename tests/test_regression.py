@@ -205,3 +205,34 @@ def test_a_sweep_over_numbers_keeps_the_trial_with_the_lowest_val_mae(count_data
     for trial in study.get_trials():  # each trial's value is its run's lowest val/mae
         run = tmp_path / "logs/sweeps/counts" / f"trial_{trial.number:03d}"
         assert trial.value == pytest.approx(min(v for _, v in scalars(run)["val/mae"]), rel=1e-5)
+
+
+def test_serve_draws_no_heat_map_for_numbers(regression_run, count_data):
+    """The heat map explains a class; a regression answers values: /info says so and the page's
+    request (cam=1) gets its row without one, not the argmax of the values."""
+    from project.extras.deploy.serve import ClassifierAPI, model_info
+
+    ckpt = best_ckpt(regression_run)
+    assert model_info(ckpt, None)["cam"] is False
+    api = ClassifierAPI(ckpt, None)
+    api.setup("cpu")
+
+    class Form:  # what the page posts: multipart fields file and cam
+        def __init__(self, **fields) -> None:
+            self.fields = fields
+
+        def get(self, key: str, default=None):
+            return self.fields.get(key, default)
+
+        def getlist(self, key: str) -> list:
+            return self.fields.get(key, [])
+
+    class Upload:
+        filename = "image.png"
+
+        def __init__(self, path: Path) -> None:
+            self.file = path.open("rb")
+
+    image = sorted((count_data / "img").glob("*.png"))[0]
+    row = api.encode_response(api.predict(api.decode_request(Form(file=[Upload(image)], cam="1"))))
+    assert "cam" not in row["predictions"][0] and "count" in row["predictions"][0]
