@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         if not argv or argv[0] in ("-h", "--help") or argv[0][0] != "-" and argv[0] not in LIGHTNING:
             from project.commands import run  # the project's own commands, and help for all
 
-            code = run(argv)
+            code = run(argv, LIGHTNING)
             if code is not None:
                 return code
         argv, run_dir = pop_option(argv, "--run_dir")

@@ -5,7 +5,6 @@ only for a word that is not one of Lightning's (or for ``--help``)."""
 import difflib
 import importlib
 
-from project.cli import LIGHTNING
 from project.errors import ConfigError
 
 # command -> "module:function"; each module is imported only when its command runs
@@ -32,27 +31,25 @@ COMMANDS = {
 }
 
 
-def run(argv: list[str]) -> int | None:
-    """Run ``argv``'s command; None: LightningCLI's to run (or its help to print, after ours)."""
+def run(argv: list[str], lightning: tuple[str, ...]) -> int | None:
+    """Run ``argv``'s command; None: LightningCLI's to run (``lightning``: its subcommands), or
+    its help to print after ours."""
     if not argv or argv[0] in ("-h", "--help"):
         print("Project commands (each takes --help): " + ", ".join(COMMANDS) +
               "\nLightningCLI subcommands follow.\n")
         return None
     if argv[0] not in COMMANDS:
-        raise ConfigError(unknown_command(argv[0]))
+        raise ConfigError(unknown_command(argv[0], lightning))
     return load_command(argv[0])(argv[1:]) or 0
 
 
-def command_names() -> list[str]:
-    return [*LIGHTNING, *COMMANDS]
-
-
-def unknown_command(word: str) -> str:
+def unknown_command(word: str, lightning: tuple[str, ...]) -> str:
     """Why ``word`` runs nothing, with the nearest command names (LightningCLI's own message
     would list only fit, validate and test)."""
-    close = difflib.get_close_matches(word, command_names(), n=2, cutoff=0.5)
+    names = [*lightning, *COMMANDS]
+    close = difflib.get_close_matches(word, names, n=2, cutoff=0.5)
     guess = f"; did you mean {' or '.join(close)}?" if close else "."
-    return f"'{word}' is not a command{guess} Commands: {', '.join(command_names())}"
+    return f"'{word}' is not a command{guess} Commands: {', '.join(names)}"
 
 
 def load_command(name: str):

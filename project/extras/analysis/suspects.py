@@ -148,10 +148,11 @@ def main(argv: list[str]) -> int:
     if a.method == "embeddings":
         from project.extras.embeddings.suspects import embedding_suspects
 
-        rows, pre, how = embedding_suspects(overrides, folds, a.seed)
+        samples, names, probs, fold_of, pre, how = embedding_suspects(overrides, folds, a.seed)
     else:
         samples, names, probs, fold_of, dm = out_of_fold_probabilities(overrides, folds, a.seed)
-        rows, pre, how = rank_suspects(samples, probs, fold_of, names), dm.preprocessing, f"{folds} folds"
+        pre, how = dm.preprocessing, f"{folds} folds"
+    rows = rank_suspects(samples, probs, fold_of, names)
     write_suspects(rows, out, pre, a.top, f"out of fold ({how})")
     disagree = sum(r["given"] != r["predicted"] for r in rows)
     print(f"{disagree} of {len(rows)} training images are predicted as another class than their "

@@ -17,9 +17,8 @@ log = logging.getLogger("project")
 
 
 def embedding_suspects(argv: list[str], folds: int, seed: int):
-    """(ranked rows, the network's preprocessing, how they were judged) for suspects.csv/.png."""
-    from project.extras.analysis.suspects import rank_suspects
-
+    """(training samples, class names, out-of-fold probabilities, fold of each sample, the
+    network's preprocessing, how they were judged): what suspects ranks and draws."""
     argv, config = first_config(list(argv))
     p = argparse.ArgumentParser(prog="python -m project suspects --method embeddings")
     add_network_args(p, config=False)
@@ -46,8 +45,8 @@ def embedding_suspects(argv: list[str], folds: int, seed: int):
     samples = [s for s in splits.train if s.path in kept]
     features = done.features[[row[s.path] for s in samples]]
     probs, fold_of = out_of_fold(features, samples, len(splits.classes), folds, seed)
-    rows = rank_suspects(samples, torch.from_numpy(probs), fold_of, list(splits.classes))
-    return rows, network.model.preprocessing, f"a linear model on embeddings, {folds} folds"
+    return (samples, list(splits.classes), torch.from_numpy(probs), fold_of, network.model.preprocessing,
+            f"a linear model on embeddings, {folds} folds")
 
 
 def first_config(argv: list[str]) -> tuple[list[str], str | None]:
