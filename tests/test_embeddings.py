@@ -231,3 +231,25 @@ def test_suggest_reads_and_fills_the_same_cache(tiny_data, trained_run, tmp_path
     before = forwarded()
     assert cli(args, tmp_path) == 0
     assert forwarded() == before
+
+
+def test_a_configs_pretrained_network_embeds_for_probe_and_check_data(colours, tmp_path, capsys):
+    """--config: the config's backbone with its weights file (here resnet18's tensors saved to a
+    .pth), not a checkpoint: its new head is never read, and probe and check-data share its cache."""
+    import torch
+    from torchvision.models import resnet18
+
+    data, _ = colours
+    weights = tmp_path / "resnet18.pth"
+    torch.save(resnet18().state_dict(), weights)
+    config = tmp_path / "network.yaml"
+    config.write_text(f"model:\n  backbone: resnet18\n  weights: {weights}\n  input:\n    size: 32\n")
+    cache = str(tmp_path / "cache")
+    assert cli(["probe", "--config", str(config), "--data_dir", str(data), "--cache", cache,
+                "--out", str(tmp_path / "probe")], tmp_path) == 0
+    assert "val accuracy: " in capsys.readouterr().out
+    before = forwarded()
+    assert cli(["check-data", str(data), "--config", str(config), "--cache", cache, "--out",
+                str(tmp_path / "check")], tmp_path) == 0
+    assert "NEAR-DUPLICATES" in capsys.readouterr().out
+    assert forwarded() == before  # the same network: every image from the cache
