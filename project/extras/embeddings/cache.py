@@ -145,11 +145,12 @@ def read_shards(folder: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray | 
     shards = sorted(p for p in folder.glob("*.npz") if not p.name.startswith("."))
     for shard in shards:
         try:
-            with np.load(shard, allow_pickle=False) as z:
+            with np.load(shard, allow_pickle=False) as z:  # each z[name] reads the whole array again:
+                hashes, features = z["hashes"].tolist(), z["features"]  # once per shard, never per row
                 logits = z["logits"] if "logits" in z.files else None
-                for i, h in enumerate(z["hashes"].tolist()):
-                    known[h] = (z["features"][i], None if logits is None else logits[i])
                 bad.update(z["bad"].tolist())
+            for i, h in enumerate(hashes):
+                known[h] = (features[i], None if logits is None else logits[i])
         except (OSError, ValueError, KeyError) as err:  # not written by this code: never trusted
             log.info("Notice: embedding shard '%s' is unreadable (%s): ignored; its images are embedded "
                      "again", shard, type(err).__name__)

@@ -18,7 +18,10 @@ from project.extras.embeddings.neighbours import likeness_to_class, look_alike_c
 from project.extras.embeddings.sources import add_network_args, network_from_args
 
 log = logging.getLogger("project")
-NEAR = 0.97  # the default --near: planted copies on tiny data scored 0.98-1.0 (not yet benchmarked on photos)
+# the default --near. benchmarks/embeddings.py (MNIST at 64 px, ImageNet efficientnet_lite0): 78 % of
+# planted re-uploads found, with 5.6x as many look-alike pairs; no threshold met 95 % at <= 1x
+# (docs/analysis.md, "Embeddings once")
+NEAR = 0.97
 SHEET_PAIRS = 12  # pairs on near_duplicates.png
 SHOWN = 5  # lines of each list printed
 

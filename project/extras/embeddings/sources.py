@@ -66,7 +66,8 @@ def network_from_config(path: str | Path) -> Network:
     if is_scratch(weights):
         raise ConfigError(f"--config '{path}': model.weights is null, a random network whose embeddings mean "
                           "nothing; set model.weights (DEFAULT: ImageNet) or pass --ckpt_path")
-    model = ImageClassifier(num_classes=1, backbone=backbone, weights=weights,
+    # two classes: the new head is never read (gives_logits=False), and the metrics refuse one
+    model = ImageClassifier(num_classes=2, backbone=backbone, weights=weights,
                             input=settings.get("input") or {}, head=settings.get("head") or "linear")
     if not model.pretrained:
         raise ConfigError(f"--config '{path}': model.weights={weights} could not be loaded "
