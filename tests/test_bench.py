@@ -47,7 +47,7 @@ def test_multilabel_bench_quick_prints_both_sides(capsys):
 def test_multioutput_bench_quick_compares_each_column_with_its_own_run(capsys):
     from benchmarks import multioutput
 
-    assert multioutput.main(["--epochs", "1", "--train", "40", "--val", "20", "--size", "16"]) == 0
+    assert multioutput.main(["--epochs", "1", "--train", "200", "--val", "50", "--size", "32"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"\| digit \| [\d.]+ % \| [\d.]+ % \| [+-][\d.]+ \|", out), out
     assert re.search(r"\| colour \| [\d.]+ % \| [\d.]+ % \| [+-][\d.]+ \|", out), out
