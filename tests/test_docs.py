@@ -386,3 +386,31 @@ def test_make_serve_listens_where_the_readme_says():
     defaults = option_defaults("serve")
     port = re.search(r"^PORT \?= (\d+)$", (REPO / "Makefile").read_text(), re.M)
     assert (said.group(1), int(said.group(2))) == (defaults["--host"], int(port.group(1)))
+
+
+def test_the_readme_counts_the_default_run_s_callbacks():
+    import yaml
+
+    stated = re.search(r"trainer, (\d+) callbacks", (REPO / "README.md").read_text())
+    config = yaml.safe_load((REPO / "configs" / "train.yaml").read_text())
+    assert stated and int(stated.group(1)) == len(config["trainer"]["callbacks"])
+
+
+@pytest.mark.slow
+def test_the_readme_states_the_lines_a_default_fit_loads(tiny_data, tmp_path):
+    """README's "about N lines" within 5 % of what ../shared/tools/core_path.py counts."""
+    import subprocess
+    import sys
+
+    tool = REPO.parent / "shared" / "tools" / "core_path.py"
+    if not tool.is_file():
+        pytest.skip(f"{tool} is not here (the workplace's tool that counts the loaded lines)")
+    stated = re.search(r"the single-label task \(about ([\d,]+) lines\)", (REPO / "README.md").read_text())
+    done = subprocess.run([sys.executable, str(tool), "fit", "--config", "configs/train.yaml",
+                           f"--data.data_dir={tiny_data}", "--model.weights=null",
+                           "--trainer.max_steps=2", "--trainer.limit_val_batches=2",
+                           f"--trainer.logger.init_args.save_dir={tmp_path}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    counted = re.search(r"CORE_PATH modules=\d+ lines=(\d+)", done.stderr)
+    assert stated and counted, done.stderr[-2000:]
+    assert abs(int(stated.group(1).replace(",", "")) - int(counted.group(1))) <= 0.05 * int(counted.group(1))
