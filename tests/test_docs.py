@@ -414,3 +414,11 @@ def test_the_readme_states_the_lines_a_default_fit_loads(tiny_data, tmp_path):
     counted = re.search(r"CORE_PATH modules=\d+ lines=(\d+)", done.stderr)
     assert stated and counted, done.stderr[-2000:]
     assert abs(int(stated.group(1).replace(",", "")) - int(counted.group(1))) <= 0.05 * int(counted.group(1))
+
+
+def test_the_readme_presets_table_names_every_preset_file():
+    text = (REPO / "README.md").read_text()
+    table = text.split("## Presets", 1)[1].split("\n## ", 1)[0]
+    named = {n for row in table.splitlines() if row.startswith("| `")
+             for n in re.findall(r"`([\w-]+)`", row.split("|")[1])}
+    assert named == {p.stem for p in (REPO / "configs" / "presets").glob("*.yaml")}
