@@ -53,7 +53,8 @@ def main() -> None:
         out = Path(tmp) / "suspects"
         start = time.perf_counter()
         cli_main(["suspects", "--method", "refit", "--folds", str(a.folds), "--out", str(out), "--config",
-                  "configs/train.yaml", f"--data.data_dir={root}", "--model.weights=null",
+                  "configs/train.yaml", "--config", "configs/demo.yaml",  # the demo's own 48 px
+                  f"--data.data_dir={root}", "--model.weights=null",
                   f"--trainer.max_epochs={a.epochs}", "--trainer.enable_progress_bar=false", *extra])
         minutes = (time.perf_counter() - start) / 60
         ranked = [r["path"] for r in csv.DictReader((out / "suspects.csv").open())]
