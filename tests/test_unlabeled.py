@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from project.checkpoints import read_checkpoint
 from project.data import FolderDataModule
 from project.data.folders import DataFolderError
 from project.data.unlabeled import Unlabeled
@@ -17,7 +18,7 @@ from project.data.unlabeled_stream import UnlabeledSampler
 from project.errors import ConfigError
 from project.model.unlabeled import FixMatch
 from project.tasks.single.task import SingleLabel
-from tests.conftest import EMA_PRESET, cli, fit_args, one_error, only_run, scalars
+from tests.conftest import EMA_PRESET, QUICK, cli, fit_args, one_error, only_run, scalars
 from tests.test_schedule import EVERY_EPOCH, straight_and_resumed
 
 CLASSES = ["a", "b", "c"]
@@ -174,3 +175,14 @@ def test_a_semi_supervised_run_resumes_bit_exactly_at_an_epoch_boundary(tiny_dat
             assert torch.equal(tensor, b[state][key]), (state, key)
     above = scalars(run_a)["train/unlabeled_above_threshold"]
     assert above[-1] == scalars(run_b)["train/unlabeled_above_threshold"][-1] and above[-1][1] > 0
+
+
+def test_data_unlabeled_dir_is_short_for_its_images(tiny_data, tmp_path):
+    """``--data.unlabeled=DIR``, the shorthand a user tries first, as ``model.input: 224`` is for
+    the size: the folder's images train as unlabeled ones, with the other settings' defaults."""
+    assert cli(["fit", *fit_args(tiny_data, *QUICK, f"--data.unlabeled={tiny_data / 'test'}", epochs=1)],
+               tmp_path) == 0
+    run = only_run(tmp_path / "logs")
+    assert "train/unlabeled_loss" in scalars(run)
+    stored = read_checkpoint(next((run / "checkpoints").glob("*.ckpt")))["datamodule_hyper_parameters"]
+    assert stored["unlabeled"]["images"] == str(tiny_data / "test") and stored["unlabeled"]["ratio"] == 7

@@ -53,7 +53,7 @@ class FolderDataModule(L.LightningDataModule):
         decode_side: int | Literal["auto", "full"] = "auto",
         on_bad_image: Literal["skip", "error"] = "skip",
         extra_val: dict[str, str] | None = None,
-        unlabeled: Unlabeled | None = Unlabeled(),
+        unlabeled: Unlabeled | str | None = Unlabeled(),
         preprocessing: Preprocessing | dict | None = None,
     ) -> None:
         super().__init__()
@@ -72,6 +72,8 @@ class FolderDataModule(L.LightningDataModule):
             augmentation.check()
         if isinstance(unlabeled, dict):  # as a checkpoint stores it
             unlabeled = Unlabeled(**unlabeled)
+        elif isinstance(unlabeled, str):  # data.unlabeled: DIR, short for data.unlabeled.images
+            unlabeled = Unlabeled(images=unlabeled)
         self.unlabeled = (unlabeled or Unlabeled()).check()
         self.save_hyperparameters(logger=False)  # the run summary logs them with the model's
         data_dir = str(data_dir)  # a Path would not load with weights_only
