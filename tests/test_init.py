@@ -208,3 +208,13 @@ def test_every_make_target_that_reads_the_config_takes_config():
         mine = command(target, "CONFIG=configs/mine.yaml")
         assert "--config configs/mine.yaml" in mine and "demo.yaml" not in mine and "train.yaml" not in mine
         assert "--config configs/train.yaml --config configs/demo.yaml" in command(target), target
+
+
+def test_init_backbone_is_written_and_sizes_the_input_by_its_own_weights(tiny_data, tmp_path):
+    picked = {key: v for key, v, _ in choices(survey_of([480, 500]), "DEFAULT", "efficientnet_b3", "mine",
+                                               own_backbone=True)}
+    assert picked["model.backbone"] == "efficientnet_b3"
+    assert picked["model.input.size"] == 300  # torchvision's EfficientNet-B3 weights: 300 px, not 224
+    config, text = init(tiny_data, tmp_path, "--weights", "null", "--backbone", "mobilenet_v3_small")
+    assert value(config, "model.backbone") == "mobilenet_v3_small" and "init --backbone" in text
+    fits(tmp_path)

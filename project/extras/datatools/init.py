@@ -1,6 +1,7 @@
 """Write a config for a data set, from the data itself.
 
-    python -m project init DATA [--labels TABLE] [--weights DEFAULT|null|PATH] [--out configs/NAME.yaml]
+    python -m project init DATA [--labels TABLE] [--weights DEFAULT|null|PATH] [--backbone NAME]
+                                [--out configs/NAME.yaml]
 
 Reads the data once (its layout and splits, classes and their counts, a table's task, image
 sizes and channels from the files' headers, identical files) and writes configs/train.yaml's
@@ -144,13 +145,15 @@ def round8(x: float) -> int:
     return int(round(x / 8)) * 8
 
 
-def choices(found: Survey, weights: str | None, backbone: str, name: str) -> list[tuple[str, object, str]]:
+def choices(found: Survey, weights: str | None, backbone: str, name: str,
+            own_backbone: bool = False) -> list[tuple[str, object, str]]:
     """(setting, value, what in the data chose it) for every data-derived setting."""
     from project.model.backbones import is_scratch
 
     median = found.median_side
     out: list[tuple[str, object, str]] = [
         ("trainer.logger.init_args.name", name, f"the data folder's name: runs go to logs/{name}/version_N/"),
+        *([("model.backbone", backbone, "init --backbone")] if own_backbone else []),
         ("model.weights", weights, "random weights (init --weights null)" if is_scratch(weights)
          else "init --weights: the backbone starts from them"),
     ]
@@ -287,6 +290,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("data", help="the data folder (class folders, train/val/test, or the images of --labels)")
     p.add_argument("--labels", default=None, help="a labels table (image,label | labels | numbers)")
     p.add_argument("--weights", default="DEFAULT", help="DEFAULT (ImageNet), null (random), or a file")
+    p.add_argument("--backbone", default=None,
+                   help="the network (make models lists them); default: configs/train.yaml's")
     p.add_argument("--out", default=None, help="the config to write (default configs/NAME.yaml)")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     a = p.parse_args(argv)
@@ -299,8 +304,8 @@ def main(argv: list[str]) -> int:
     if out.exists() and not a.force:
         raise ProjectError(f"--out '{out}' exists; pass --force to overwrite it, or another --out")
     found = survey(a.data, a.labels)
-    backbone = yaml.safe_load(TRAIN_CONFIG.read_text())["model"]["backbone"]
-    settings = choices(found, weights, backbone, name)
+    backbone = a.backbone or yaml.safe_load(TRAIN_CONFIG.read_text())["model"]["backbone"]
+    settings = choices(found, weights, backbone, name, own_backbone=a.backbone is not None)
     command = " ".join(["python -m project init", *argv])
     write_config(found, settings, out, command)
     print("\n".join(found.describe()))
