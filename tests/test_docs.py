@@ -116,8 +116,40 @@ def test_the_readme_is_a_front_door():
     first_screen = "\n".join(text.splitlines()[:50])
     assert "make train" in first_screen and "make test" in first_screen
     assert "make init DATA=" in first_screen and "make train CONFIG=" in first_screen  # your own data
-    for link in re.findall(r"\]\((docs/[^)]+)\)", text):
+    for link in re.findall(r"\]\((docs/[^)#]+)", text):
         assert (REPO / link).is_file(), link
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def anchors(doc: Path) -> set[str]:
+    """The anchors of a page's headings, as GitHub makes them: lower case, punctuation dropped,
+    spaces as hyphens, a repeated one numbered."""
+    found: set[str] = set()
+    for heading in re.findall(r"^#+\s+(.+?)\s*$", prose(doc), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        name, n = slug, 0
+        while name in found:
+            n += 1
+            name = f"{slug}-{n}"
+        found.add(name)
+    return found
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=[p.name for p in DOCS])
+def test_every_relative_link_points_at_a_file_and_heading_that_exist(doc):
+    wrong = []
+    for target in LINK.findall(prose(doc)):
+        if re.match(r"^[a-z]+:", target):  # a web address: not checked here
+            continue
+        path, _, anchor = target.partition("#")
+        file = (doc.parent / path).resolve() if path else doc
+        if not file.exists():
+            wrong.append(f"{doc.name}: ({target}): no file {path}")
+        elif anchor and (file.suffix != ".md" or anchor not in anchors(file)):
+            wrong.append(f"{doc.name}: ({target}): no heading #{anchor} in {file.name}")
+    assert not wrong, "\n".join(wrong)
 
 
 # -- the values the docs state: defaults, and what the tests run -------------------------------

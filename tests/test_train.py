@@ -155,7 +155,7 @@ def test_the_cli_adjusts_what_this_machine_cannot_run(tiny_data, monkeypatch, ca
 
     monkeypatch.setattr(project.cli, "cpu_has_bfloat16", lambda: False)
     assert parsed().precision == "32-true"
-    assert "becomes 32-true: bf16 runs ~10x slower" in caplog.text
+    assert "becomes 32-true: emulated bf16 runs ~6x slower" in caplog.text
     monkeypatch.setattr(project.cli, "cpu_has_bfloat16", lambda: True)
     assert parsed().precision == "16-mixed"  # Lightning then runs bf16 autocast on the CPU
     assert parsed("--trainer.sync_batchnorm=true").sync_batchnorm is False

@@ -6,8 +6,9 @@
     data.augmentation.color_jitter: {uniform: [0.0, 0.4], step: 0.1}
     data.augmentation.crop_scale: {choice: [[0.6, 1.0], [0.35, 1.0]]}
 
-Keys are the dotted names of ``fit``'s settings (``--print_config`` lists them); every key is
-checked against the real config parser before any trial runs, so a typo fails at once.
+Keys are the dotted names of ``fit``'s settings (``fit --config configs/train.yaml --print_config``
+lists them); every key is checked against the real config parser before any trial runs, so a
+typo fails at once.
 """
 
 from __future__ import annotations
