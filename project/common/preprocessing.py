@@ -2,7 +2,7 @@
 torch-free infer.py. ``backbones.resolve_preprocessing`` decides the values; the rest read them."""
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Literal
 
 from project.errors import ConfigError, require
@@ -61,3 +61,15 @@ class Preprocessing:
     @property
     def resize_size(self) -> int:
         return round(self.image_size / self.crop_ratio)
+
+
+def plain(record) -> dict:
+    """A settings dataclass as a config or checkpoint holds it: plain values, tuples as lists."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(record).items()}
+
+
+def from_plain(cls, value):
+    """``value`` as ``cls`` when it is a checkpoint's dict (lists as tuples); else as it is."""
+    if isinstance(value, dict):
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in value.items()})
+    return value
