@@ -19,10 +19,9 @@ class TrainingHealthError(ProjectError, RuntimeError):
 
 
 class Guards(Callback):
-    """The data must feed the model its own preprocessing; every trainable parameter must reach an
-    optimiser; the first batch's statistics are logged (and TensorBoard text), warning of
-    un-normalised or NaN inputs; a non-finite gradient stops the run before the weights change
-    (with fp16 loss scaling, ``patience_with_scaler`` in a row)."""
+    """The model's own preprocessing in the data; every trainable parameter in an optimiser; the
+    first batch's statistics, warning of un-normalised or NaN inputs; a non-finite gradient stops the
+    run before the weights change (with fp16 loss scaling: ``patience_with_scaler`` in a row)."""
 
     def __init__(self, max_abs_input: float = 10.0, patience_with_scaler: int = 10, top: int = 5) -> None:
         require(max_abs_input > 0 and min(patience_with_scaler, top) >= 0, "the Guards callback's "
@@ -106,7 +105,6 @@ def plain_container_modules(model: nn.Module) -> list[str]:
                 continue
             items = value.items() if isinstance(value, dict) else enumerate(value)
             for key, item in items:
-                # a module without parameters (e.g. a transform) loses nothing there
                 if isinstance(item, nn.Parameter) or (
                         isinstance(item, nn.Module) and next(item.parameters(), None) is not None):
                     where = f"{prefix}.{attr}" if prefix else attr
@@ -137,7 +135,5 @@ def format_stats(stats: dict[str, list[float]]) -> str:
 
 
 def gradient_norms(grads: list[torch.Tensor]) -> torch.Tensor:
-    """The L2 norm of each tensor, as one float32 vector (one host sync reads it). torch's
-    multi-tensor kernel, which ``clip_grad_norm_`` uses too, is one call for every tensor instead
-    of one per tensor (a step's cost on a fast CPU); the guard tests fail if it changes."""
+    """The L2 norm of each tensor as one vector: one multi-tensor kernel call, one host sync."""
     return torch.stack(torch._foreach_norm(grads)).float()

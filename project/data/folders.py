@@ -1,5 +1,5 @@
-"""Find classes and images in ``<root>/{train,val,test}/<class>/`` (val and test optional) or
-one ``<root>/<class>/`` folder (split by ``splits.py``), with errors a user can act on."""
+"""Classes and images of ``<root>/{train,val,test}/<class>/`` or ``<root>/<class>/``, with errors
+that say the fix."""
 
 import logging
 import os
