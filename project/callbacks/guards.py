@@ -45,16 +45,10 @@ class Guards(Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         hidden = plain_container_modules(pl_module)
         missing = params_missing_from_optimizers(pl_module, trainer.optimizers)
-        if not hidden and not missing:
-            return
-        lines = ["parameters that would never train:"]
-        if hidden:
-            lines += ["  layers in a plain Python list/tuple/dict, unseen by model.parameters(): "
-                      + ", ".join(hidden), "  fix: hold them in nn.ModuleList / nn.ModuleDict"]
-        if missing:
-            lines += ["  trainable parameters in no optimiser param group: " + ", ".join(missing),
-                      "  fix: include them in configure_optimizers (or set requires_grad=False)"]
-        raise TrainingHealthError("\n".join(lines))
+        if hidden or missing:
+            from project.callbacks.diagnosis import untrained_parameters  # the failure's report
+
+            raise TrainingHealthError(untrained_parameters(hidden, missing))
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         labeled = split_batch(batch)[0]

@@ -199,7 +199,9 @@ class FolderDataModule(L.LightningDataModule):
             return self.streamed.dataset(split)
         samples: list[Sample] = getattr(self.splits, split)
         if not samples:
-            fix = folders.empty_split_fix(self.data_dir, split)
+            from project.data.splits import empty_split_fix
+
+            fix = empty_split_fix(self.data_dir, split)
             raise ConfigError(f"the {split} split of '{self.data_dir}' is empty: {fix}")
         if split == "train" and self.world()[1] == 0:  # once a run: input size against the images'
             notice_size_mismatch([s.path for s in samples], self.preprocessing.image_size)

@@ -27,7 +27,8 @@ class Task:
     answers: ClassVar[str]
     monitor: ClassVar[str] = "val/acc"  # what the best checkpoint and a sweep follow
     mode: ClassVar[str] = "max"
-    losses: ClassVar[dict[str, Loss]] = {}  # model.loss -> loss(task, logits, target, weight)
+    # model.loss -> loss(task, logits, target, weight), or its package.module:function (loaded when chosen)
+    losses: ClassVar[dict[str, Loss | str]] = {}
     default_loss: ClassVar[str]
     train_metric_name: ClassVar[str] = "train/acc"
     temperature_scaling: ClassVar[bool] = False  # calibrate fits a temperature of its outputs
@@ -40,14 +41,12 @@ class Task:
         self.names, self.label_stats = list(names), dict(label_stats or {})
         self.settings = settings if settings is not None else {}
         self.loss_name = loss or self.default_loss
-        if ":" in self.loss_name:  # an own loss: package.module:function
-            self.criterion = load(self.loss_name, "model.loss")
-        elif self.loss_name in self.losses:
-            self.criterion = self.losses[self.loss_name]
-        else:
+        criterion = self.losses.get(self.loss_name, self.loss_name)  # an own loss: package.module:function
+        if isinstance(criterion, str) and ":" not in criterion:
             raise ConfigError(f"model.loss '{self.loss_name}' is not a loss of the {self.name} task; "
                               f"choose from {', '.join(self.losses)} (or null: {self.default_loss}), or "
                               "package.module:function for your own")
+        self.criterion = load(criterion, "model.loss") if isinstance(criterion, str) else criterion
 
     def setting(self, key: str, default=None):
         """A model setting as it is now, not when the task was made."""

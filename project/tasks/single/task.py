@@ -19,26 +19,11 @@ def cross_entropy(task: Task, logits: torch.Tensor, target: torch.Tensor,
                                        label_smoothing=task.setting("label_smoothing", 0.0))
 
 
-def focal(task: Task, logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None,
-          gamma: float = 2.0) -> torch.Tensor:
-    """Lin et al. (2017): ``-(1 - p)^gamma log p`` of the true class, so that images classified well
-    weigh little; soft targets (MixUp, smoothing) weigh each class's term."""
-    log_p = logits.float().log_softmax(-1)
-    n, smoothing = logits.shape[-1], task.setting("label_smoothing", 0.0)
-    soft = nn.functional.one_hot(target, n).float() if target.dim() == 1 else target.float()
-    if smoothing:
-        soft = soft * (1 - smoothing) + smoothing / n
-    terms = -soft * (1 - log_p.exp()) ** gamma * log_p
-    if weight is not None:
-        terms = terms * weight
-    return terms.sum(-1).mean()
-
-
 class SingleLabel(Task):
     name = "multiclass"
     labels = "project.tasks.single.labels:OneClass"
     answers = "project.tasks.single.answers:TopClasses"
-    losses = {"cross_entropy": cross_entropy, "focal": focal}
+    losses = {"cross_entropy": cross_entropy, "focal": "project.tasks.single.focal:focal"}
     default_loss = "cross_entropy"
     temperature_scaling = reads_class_folders = learns_from_unlabeled = True
 
