@@ -26,10 +26,8 @@ log = logging.getLogger(__name__)
 
 
 class FolderDataModule(L.LightningDataModule):
-    """Images in ``data_dir/{train,val,test}/<class>/`` (or one folder, split here), in a ``labels``
-    table, or streamed from an ``optimize-data`` folder. Input size and normalisation are the
-    model's, resolved once from its settings and handed in (``preprocessing``; the CLI links it).
-    configs/train.yaml explains the settings; ``seed`` None takes the run's."""
+    """Images in ``data_dir/{train,val,test}/<class>/`` (or one folder, split here), a ``labels``
+    table, or optimized shards; ``preprocessing`` is the model's (the CLI links it)."""
 
     def __init__(
         self,
@@ -74,7 +72,6 @@ class FolderDataModule(L.LightningDataModule):
         self.unlabeled = (from_plain(Unlabeled, unlabeled) or Unlabeled()).check()
         self.save_hyperparameters(logger=False)  # the run summary logs them with the model's
         data_dir = str(data_dir)  # a Path would not load with weights_only
-        # the model's input settings resolved once (the CLI links them in); null: ImageNet's at 224 px
         self.preprocessing = from_plain(Preprocessing, preprocessing) or Preprocessing()
         self.hparams.update(data_dir=data_dir, augmentation=augmentation and plain(augmentation),
                             unlabeled=plain(self.unlabeled), preprocessing=plain(self.preprocessing),
@@ -103,8 +100,7 @@ class FolderDataModule(L.LightningDataModule):
 
     @cached_property
     def rare(self):
-        """Streamed shards, unlabeled images and extra validation sets (``rare_sources.py``): loaded
-        only by a run that has one of them."""
+        """Unlabeled images and extra validation sets, loaded only by a run that has them."""
         from project.data.rare_sources import RareSources
 
         return RareSources(self)
@@ -119,8 +115,7 @@ class FolderDataModule(L.LightningDataModule):
 
     @property
     def task(self) -> str:
-        """The task the labels describe (``project/tasks/``): class folders' default, unless a
-        labels table's columns are another task's (or data.task names one)."""
+        """The task the labels describe: class folders' default, or a labels table's own."""
         task = tasks.check_name(None if self.streaming else self.splits.task)
         if self.hparams.balanced_sampling:  # read when the CLI links it: before any run folder
             self.task_type.sample_weights(self.train_targets, self.num_classes)
@@ -139,8 +134,7 @@ class FolderDataModule(L.LightningDataModule):
 
     @cached_property
     def extra_val_names(self) -> list[str]:
-        """The extra validation sets' names, each checked now, before any run folder exists (the
-        CLI links them into model.extra_val)."""
+        """The extra validation sets' names, checked before any run folder exists."""
         return self.rare.extra_val_names() if self.hparams.extra_val else []
 
     @cached_property
@@ -294,10 +288,8 @@ class FolderDataModule(L.LightningDataModule):
 
 
 def epoch_to_start(trainer: L.Trainer | None) -> int:
-    """The epoch a fit is about to run, when its train loader is made: Lightning calls
-    ``set_epoch`` only after the loader's iterator has drawn (and prefetched) the first batches,
-    and ``trainer.current_epoch`` still shows the epoch before. No public counter holds it: read
-    from the fit loop's progress (the exact-resume test fails if that changes)."""
+    """The epoch a fit is about to run when its loader is made: Lightning's ``set_epoch`` comes
+    after the first batches are drawn, and no public counter holds it yet."""
     if trainer is None:
         return 0
     return trainer.fit_loop.epoch_progress.current.processed
