@@ -1,13 +1,11 @@
-"""Command line: LightningCLI for fit/validate/test (``python -m project fit --config
-configs/train.yaml [--key=value ...] [--run_dir DIR]``); the project's own commands are in
-``project/commands.py``, loaded only when one of them runs."""
+"""Command line: LightningCLI for fit/validate/test; the project's own commands, loaded only when
+one runs, are in ``project/commands.py``."""
 
 import importlib
 import inspect
 import logging
 import sys
 import warnings
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -17,6 +15,7 @@ from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
 from project.callbacks.guards import Guards
 from project.common.argv import check_renamed, pop_option
+from project.common.preprocessing import plain
 from project.data import FolderDataModule
 from project.errors import ConfigError, ProjectError
 from project.model import ImageClassifier
@@ -41,8 +40,7 @@ class FitConfigSaver(SaveConfigCallback):
 class ProjectCLI(LightningCLI):
     def __init__(self, args: list[str] | None = None, run: bool = True, tool: bool = False,
                  run_dir: str | Path | None = None) -> None:
-        """``tool``: a diagnosis run (overfit, LR finder): the guards only, no saved config.
-        ``run_dir``: the folder every logger (and so the checkpoints) writes to."""
+        """``tool``: a diagnosis run (the guards only, no saved config); ``run_dir``: every logger's."""
         self.tool, self.run_dir = tool, Path(run_dir) if run_dir else None
         check_renamed(list(sys.argv[1:] if args is None else args))  # a config of an older version
         ckpt = pop_option(list(sys.argv[1:] if args is None else args), "--ckpt_path")[1]
@@ -119,21 +117,18 @@ class ProjectCLI(LightningCLI):
 
 
 def linked_preprocessing(backbone: str, weights: str | None, given):
-    """The data's preprocessing from the model's settings, as plain values (the parser prints and
-    saves it); None where a setting is wrong, so the model names it in one line when it is built."""
+    """The data's preprocessing from the model's settings, as plain values; None where a setting
+    is wrong, so that the model names it in one line when it is built."""
     try:
         given = given.as_dict() if isinstance(given, Namespace) else given
-        pre = asdict(resolve_preprocessing(backbone, weights, given))
+        return plain(resolve_preprocessing(backbone, weights, given))
     except (ProjectError, TypeError):
         return None
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in pre.items()}
 
 
 def check_optimizer_lr(model: Namespace) -> None:
-    """``model.optimizer.init_args.lr`` is shown (jsonargparse cannot link ``model.lr`` into a
-    callable's init_args) but not read: every parameter group has its own LR, from ``model.lr``.
-    A value other than the class's default (what every saved config.yaml holds) or ``model.lr``
-    would be silently ignored, so it is refused in one line naming ``model.lr``."""
+    """``model.optimizer.init_args.lr`` is shown but not read (each parameter group's LR comes from
+    ``model.lr``): a value other than its default or ``model.lr`` is refused, not ignored."""
     optimizer = model.get("optimizer")
     if not isinstance(optimizer, Namespace) or not isinstance(optimizer.get("init_args"), Namespace):
         return
@@ -152,8 +147,7 @@ def check_optimizer_lr(model: Namespace) -> None:
 
 
 def follow_task(model, trainer) -> None:
-    """Checkpoints that keep the best by the config's ``val/acc`` keep the best by the task's own
-    metric instead (multi-label: ``val/map``; regression: the lowest ``val/mae``); said in one line."""
+    """Checkpoints that follow the config's ``val/acc`` follow the task's own metric instead."""
     task = model.task
     for cb in trainer.checkpoint_callbacks:
         if isinstance(cb, ModelCheckpoint) and cb.monitor == "val/acc" and task.monitor != cb.monitor:
@@ -166,8 +160,7 @@ def follow_task(model, trainer) -> None:
 
 
 def cpu_has_bfloat16() -> bool:
-    """Whether this CPU computes bfloat16 natively (x86 without AVX-512 BF16 or AMX emulates it).
-    Outside Linux it cannot tell and trusts Lightning's choice."""
+    """Whether this CPU computes bfloat16 natively (outside Linux: trust Lightning's choice)."""
     try:
         flags = set(Path("/proc/cpuinfo").read_text().split())
     except OSError:
@@ -176,8 +169,7 @@ def cpu_has_bfloat16() -> bool:
 
 
 def setup_logging() -> None:
-    # main() passes its arguments explicitly; the treespec warning is Lightning's, not the user's;
-    # Lightning 2.6 advertises a cloud service on every run
+    """One-line messages on stderr, without Lightning's warnings that are not the user's."""
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
     warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\)")
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
@@ -216,8 +208,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def close_process_group() -> None:
-    """Lightning leaves the DDP process group open; gloo's threads can then abort the process
-    at interpreter exit ('terminate called without an active exception')."""
+    """Lightning leaves the DDP process group open; gloo's threads could abort the exit."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():

@@ -17,3 +17,9 @@ def require(ok: bool, key: str, rule: str, value: object) -> None:
     """Raise a one-line :class:`ConfigError` naming ``key`` when a setting is out of range."""
     if not ok:
         raise ConfigError(f"{key} {rule}, got {value!r}")
+
+
+def require_all(*rows: tuple[bool, str, str, object]) -> None:
+    """A table of :func:`require` checks, one ``(ok, key, rule, value)`` row each, in order."""
+    for row in rows:
+        require(*row)

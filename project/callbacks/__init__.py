@@ -2,7 +2,7 @@
 
 
 def default_callbacks() -> list:
-    """Guards, resilience and the run summary, for a ``Trainer`` built in Python (notebooks, tests)."""
+    """Guards, resilience and the run summary, for a ``Trainer`` built in Python."""
     from project.callbacks.guards import Guards
     from project.callbacks.resilience import Resilience
     from project.callbacks.summary import RunSummary

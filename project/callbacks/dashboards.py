@@ -1,6 +1,5 @@
-"""TensorBoard: the run's logger, its learning-rate curve, and the task's views (a confusion
-matrix, ...). Time Series groups cards by the tag's first part and opens the first two, so the
-curves are ``train/`` (acc, loss, lr) and ``val/``."""
+"""TensorBoard: the run's logger, its learning-rate curve, and the task's views; its first screen
+opens two groups of curves: ``train/`` and ``val/``."""
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
@@ -16,16 +15,14 @@ def tensorboard(trainer: L.Trainer):
 
 
 class TensorBoard(TensorBoardLogger):
-    """Lightning's TensorBoard logger without its ``epoch`` chart, which would take one of the two
-    groups TensorBoard opens, leaving ``val/`` closed."""
+    """Lightning's TensorBoard logger without its ``epoch`` chart, which would keep ``val/`` closed."""
 
     def log_metrics(self, metrics: dict, step: int | None = None) -> None:
         super().log_metrics({k: v for k, v in metrics.items() if k != "epoch"}, step)
 
 
 class LearningRate(Callback):
-    """``train/lr``: the backbone's (top block's) learning rate; the head's is ``head_lr_mult`` x
-    it. Every group's curve: the diagnose preset's LearningRateMonitor."""
+    """``train/lr``: the backbone's (top block's) learning rate (every group's: the diagnose preset)."""
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch,
                              batch_idx: int) -> None:
@@ -35,8 +32,7 @@ class LearningRate(Callback):
 
 
 class Dashboards(Callback):
-    """After each validation epoch and at test, the task's views (``Task.log_views``): for one
-    class per image the confusion matrix (Images tab) and the most confused pairs (Text tab)."""
+    """The task's views after each validation epoch and at test (``Task.log_views``)."""
 
     def __init__(self, top_pairs: int = 5) -> None:
         require(top_pairs >= 0, "the Dashboards callback's top_pairs",
@@ -48,7 +44,7 @@ class Dashboards(Callback):
         if writer is None or result is None or trainer.sanity_checking:
             return
         pl_module.task.log_views(writer, result, stage, trainer.global_step, trainer.current_epoch,
-                                 self.top_pairs)  # the task's own pictures (project/tasks/)
+                                 self.top_pairs)
 
     @rank_zero_only
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

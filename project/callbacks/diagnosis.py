@@ -1,4 +1,4 @@
-"""The report of a run the guards stop for non-finite gradients: where, what came before, the fixes."""
+"""The reports of a run the guards stop: where, what came before, the fixes."""
 
 import lightning as L
 import torch
@@ -28,4 +28,16 @@ def nonfinite_gradients(trainer: L.Trainer, bad: list[str], total: int,
                  "(trainer.gradient_clip_val=1.0); check the data for NaN/Inf (make "
                  "check-data); try trainer.precision=32-true. The last good checkpoint is "
                  "untouched: resume from it after the fix.")
+    return "\n".join(lines)
+
+
+def untrained_parameters(hidden: list[str], missing: list[str]) -> str:
+    """``hidden``: layers in plain containers; ``missing``: trainable parameters in no optimiser."""
+    lines = ["parameters that would never train:"]
+    if hidden:
+        lines += ["  layers in a plain Python list/tuple/dict, unseen by model.parameters(): "
+                  + ", ".join(hidden), "  fix: hold them in nn.ModuleList / nn.ModuleDict"]
+    if missing:
+        lines += ["  trainable parameters in no optimiser param group: " + ", ".join(missing),
+                  "  fix: include them in configure_optimizers (or set requires_grad=False)"]
     return "\n".join(lines)

@@ -19,10 +19,9 @@ class TrainingHealthError(ProjectError, RuntimeError):
 
 
 class Guards(Callback):
-    """The data must feed the model its own preprocessing; every trainable parameter must reach an
-    optimiser; the first batch's statistics are logged (and TensorBoard text), warning of
-    un-normalised or NaN inputs; a non-finite gradient stops the run before the weights change
-    (with fp16 loss scaling, ``patience_with_scaler`` in a row)."""
+    """The model's own preprocessing in the data; every trainable parameter in an optimiser; the
+    first batch's statistics, warning of un-normalised or NaN inputs; a non-finite gradient stops the
+    run before the weights change (with fp16 loss scaling: ``patience_with_scaler`` in a row)."""
 
     def __init__(self, max_abs_input: float = 10.0, patience_with_scaler: int = 10, top: int = 5) -> None:
         require(max_abs_input > 0 and min(patience_with_scaler, top) >= 0, "the Guards callback's "
@@ -46,16 +45,10 @@ class Guards(Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         hidden = plain_container_modules(pl_module)
         missing = params_missing_from_optimizers(pl_module, trainer.optimizers)
-        if not hidden and not missing:
-            return
-        lines = ["parameters that would never train:"]
-        if hidden:
-            lines += ["  layers in a plain Python list/tuple/dict, unseen by model.parameters(): "
-                      + ", ".join(hidden), "  fix: hold them in nn.ModuleList / nn.ModuleDict"]
-        if missing:
-            lines += ["  trainable parameters in no optimiser param group: " + ", ".join(missing),
-                      "  fix: include them in configure_optimizers (or set requires_grad=False)"]
-        raise TrainingHealthError("\n".join(lines))
+        if hidden or missing:
+            from project.callbacks.diagnosis import untrained_parameters  # the failure's report
+
+            raise TrainingHealthError(untrained_parameters(hidden, missing))
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         labeled = split_batch(batch)[0]
@@ -106,7 +99,6 @@ def plain_container_modules(model: nn.Module) -> list[str]:
                 continue
             items = value.items() if isinstance(value, dict) else enumerate(value)
             for key, item in items:
-                # a module without parameters (e.g. a transform) loses nothing there
                 if isinstance(item, nn.Parameter) or (
                         isinstance(item, nn.Module) and next(item.parameters(), None) is not None):
                     where = f"{prefix}.{attr}" if prefix else attr
@@ -137,7 +129,5 @@ def format_stats(stats: dict[str, list[float]]) -> str:
 
 
 def gradient_norms(grads: list[torch.Tensor]) -> torch.Tensor:
-    """The L2 norm of each tensor, as one float32 vector (one host sync reads it). torch's
-    multi-tensor kernel, which ``clip_grad_norm_`` uses too, is one call for every tensor instead
-    of one per tensor (a step's cost on a fast CPU); the guard tests fail if it changes."""
+    """The L2 norm of each tensor as one vector: one multi-tensor kernel call, one host sync."""
     return torch.stack(torch._foreach_norm(grads)).float()

@@ -27,9 +27,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 class Resilience(Callback):
-    """Exact resumes and clean stops: the RNG states (plain lists and tensors, for ``weights_only``)
-    join Lightning's, so a resume at an epoch boundary continues exactly. SIGTERM or Ctrl+C write
-    ``last.ckpt`` and stop; other exceptions (a guard, a bug) save nothing: the last good one stays."""
+    """Exact resumes (the RNG states join the checkpoint) and clean stops: SIGTERM or Ctrl+C write
+    ``last.ckpt``; other exceptions save nothing, so the last good one stays."""
 
     key = "rng_states"
 

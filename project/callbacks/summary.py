@@ -30,14 +30,12 @@ def run_hparams(trainer: L.Trainer, module: L.LightningModule) -> dict:
 
 
 class RunSummary(Callback):
-    """The settings in every logger (``hparams.yaml``, HPARAMS with ``summary_metrics`` columns);
-    the undecodable images skipped (``train/skipped_images``); at the end, numbers and checkpoints."""
+    """The settings in every logger, the undecodable images skipped, and at the end the numbers."""
 
     def __init__(self) -> None:
         self.reported: set[str] = set()
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        # before Lightning writes hparams.yaml; a resumed run keeps its first entry
         if stage != "fit" or not trainer.is_global_zero or trainer.ckpt_path:
             return
         params = run_hparams(trainer, pl_module)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from project.errors import ConfigError
 
-# settings that moved, old -> new: a config or command line with an old one fails in one line
+# settings that moved, old -> new: an old one fails in one line
 RENAMED = {"model.head_hidden": "model.head.hidden", "model.head_dropout": "model.head.dropout",
            "model.multilabel_loss": "model.loss", "model.image_size": "model.input.size",
            **{f"model.{k}": f"model.input.{k}" for k in ("crop_ratio", "interpolation", "mean", "std")}}

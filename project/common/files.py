@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-# The formats training reads (Pillow decodes them all); check-data names other files.
+# the formats training reads (Pillow decodes them all)
 IMAGE_EXTENSIONS = frozenset(
     {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
 )
@@ -14,11 +14,8 @@ IMAGE_EXTENSIONS = frozenset(
 
 @contextmanager
 def atomic_path(final: str | Path) -> Iterator[Path]:
-    """A temporary path beside ``final``, fsynced and renamed once written: never half-written.
-
-    The temporary name is unique per writer, so processes writing the same file at once
-    (sweep workers sharing a study) each rename a whole file and the last one wins.
-    """
+    """A temporary path beside ``final``, fsynced and renamed once written: never half-written
+    (a name per writer: of processes writing one file at once, the last whole one wins)."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.stem}.{os.getpid()}.{secrets.token_hex(4)}.tmp{final.suffix}")

@@ -1,7 +1,5 @@
-"""One torch-free image reader, :func:`read_rgb`, for training, the cache, predict, infer.py and
-resize-data: upright (EXIF), 8-bit RGB, and reduced to a short side when asked (a JPEG in the
-decoder itself, at 1/2, 1/4 or 1/8 scale, then every format once more to the exact side).
-"""
+"""The one torch-free image reader, :func:`read_rgb`: upright, 8-bit RGB, reduced to a short side
+when asked (a JPEG in the decoder itself)."""
 
 import struct
 
@@ -9,10 +7,10 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 HIGH_BIT_MODES = frozenset({"I", "I;16", "I;16B", "I;16L", "I;16N", "F"})
-# torchvision's antialiased bilinear; ``reducing_gap`` first averages boxes, then filters the last 3x
+# as torchvision's antialiased bilinear
 REDUCE_FILTER = Image.Resampling.BILINEAR
 REDUCING_GAP = 3.0
-# What reading a file that is not a decodable image raises; callers skip or report these.
+# what reading a file that is not a decodable image raises
 DECODE_ERRORS = (OSError, UnidentifiedImageError, ValueError, SyntaxError, EOFError, struct.error,
                  Image.DecompressionBombError)
 
@@ -30,8 +28,7 @@ def to_rgb(img: Image.Image) -> Image.Image:
 
 
 def reduced_size(size: tuple[int, int], short_side: int | None) -> tuple[int, int]:
-    """(width, height) with the short side reduced to ``short_side`` (never enlarged), the long
-    side truncated as torchvision's ``Resize`` does, so that its resize is then a no-op."""
+    """(width, height) with the short side reduced to ``short_side``, as torchvision's ``Resize``."""
     w, h = size
     if short_side is None or min(w, h) <= short_side:
         return w, h
@@ -41,8 +38,7 @@ def reduced_size(size: tuple[int, int], short_side: int | None) -> tuple[int, in
 
 
 def draft(img: Image.Image, short_side: int | None) -> None:
-    """Let a JPEG decode at the smallest DCT scale whose short side is >= ``short_side`` (a
-    square request: the not yet EXIF-rotated orientation does not matter)."""
+    """Let a JPEG decode at the smallest scale whose short side is >= ``short_side``."""
     if short_side is not None and min(img.size) > short_side:
         img.draft("RGB", (short_side, short_side))  # Image.draft: no-op unless JPEG (or MPO)
 
@@ -55,8 +51,7 @@ def decoded_size(path: str, short_side: int | None = None) -> tuple[int, int]:
 
 
 def read_rgb(path: str, short_side: int | None = None) -> np.ndarray:
-    """The image as a uint8 array (H, W, 3), upright, its short side reduced to ``short_side``
-    (never enlarged; None: full size)."""
+    """The image as an upright uint8 (H, W, 3) array, its short side reduced to ``short_side``."""
     with Image.open(path) as img:
         draft(img, short_side)
         img.load()

@@ -1,11 +1,10 @@
-"""What a model expects of its input: one record for training, checkpoints, exports and the
-torch-free infer.py. ``backbones.resolve_preprocessing`` decides the values; the rest read them."""
+"""What a model expects of its input, one record for training, checkpoints, exports and infer.py."""
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Literal
 
-from project.errors import ConfigError, require
+from project.errors import ConfigError, require, require_all
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -14,9 +13,7 @@ INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
 
 @dataclass(frozen=True)
 class Input:
-    """The input settings (``model.input``); null: the weights' own (``size``: 224 for torchvision's
-    ImageNet weights), else ImageNet's (resolved once into a :class:`Preprocessing` by
-    ``backbones.resolve_preprocessing``)."""
+    """The input settings (``model.input``); null: the weights' own, else ImageNet's."""
 
     size: int | None = None
     crop_ratio: float | None = None
@@ -38,8 +35,7 @@ class Input:
 
 @dataclass(frozen=True)
 class Preprocessing:
-    """Evaluation resizes the short side to ``resize_size``, center-crops ``image_size``, scales
-    to 0..1 and normalises; training crops ``image_size`` at random instead."""
+    """Evaluation resizes to ``resize_size`` and center-crops ``image_size``, then normalises."""
 
     image_size: int = 224
     crop_ratio: float = 0.875
@@ -49,11 +45,12 @@ class Preprocessing:
 
     def __post_init__(self) -> None:
         require(isinstance(self.image_size, int) and self.image_size >= 1, "model.input.size",
-                "must be an integer >= 1", self.image_size)
-        require(self.image_size <= 16384, "model.input.size", "must be at most 16384 pixels", self.image_size)
-        require(0 < self.crop_ratio <= 1, "model.input.crop_ratio", "must be in (0, 1]", self.crop_ratio)
-        require(self.interpolation in INTERPOLATIONS, "model.input.interpolation",
-                f"must be one of {', '.join(INTERPOLATIONS)}", self.interpolation)
+                "must be an integer >= 1", self.image_size)  # before the rows compare it
+        require_all(
+            (self.image_size <= 16384, "model.input.size", "must be at most 16384 pixels", self.image_size),
+            (0 < self.crop_ratio <= 1, "model.input.crop_ratio", "must be in (0, 1]", self.crop_ratio),
+            (self.interpolation in INTERPOLATIONS, "model.input.interpolation",
+             f"must be one of {', '.join(INTERPOLATIONS)}", self.interpolation))
         require(len(self.mean) == 3 and len(self.std) == 3 and min(self.std) > 0
                 and all(math.isfinite(v) for v in (*self.mean, *self.std)), "model.input.mean/std",
                 "need three finite values each, std above 0", (self.mean, self.std))
@@ -61,3 +58,15 @@ class Preprocessing:
     @property
     def resize_size(self) -> int:
         return round(self.image_size / self.crop_ratio)
+
+
+def plain(record) -> dict:
+    """A settings dataclass as a config or checkpoint holds it: plain values, tuples as lists."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(record).items()}
+
+
+def from_plain(cls, value):
+    """``value`` as ``cls`` when it is a checkpoint's dict (lists as tuples); else as it is."""
+    if isinstance(value, dict):
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in value.items()})
+    return value

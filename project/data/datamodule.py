@@ -2,7 +2,6 @@
 
 import logging
 import os
-from dataclasses import asdict
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
@@ -13,7 +12,7 @@ from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import DataLoader
 
 from project import tasks
-from project.common.preprocessing import Preprocessing
+from project.common.preprocessing import Preprocessing, from_plain, plain
 from project.data import folders
 from project.data.datasets import ImageDataset, collate_skipping_bad
 from project.data.folders import FolderSplits, Sample
@@ -21,16 +20,14 @@ from project.data.images import ImageCache, decoded_bytes, needed_side, notice_s
 from project.data.samplers import EpochSampler, ShardSampler
 from project.data.transforms import Augmentation, check_scale_agreement, eval_transforms, train_transforms
 from project.data.unlabeled import Unlabeled
-from project.errors import ConfigError, require
+from project.errors import ConfigError, require_all
 
 log = logging.getLogger(__name__)
 
 
 class FolderDataModule(L.LightningDataModule):
-    """Images in ``data_dir/{train,val,test}/<class>/`` (or one folder, split here), in a ``labels``
-    table, or streamed from an ``optimize-data`` folder. Input size and normalisation are the
-    model's, resolved once from its settings and handed in (``preprocessing``; the CLI links it).
-    configs/train.yaml explains the settings; ``seed`` None takes the run's."""
+    """Images in ``data_dir/{train,val,test}/<class>/`` (or one folder, split here), a ``labels``
+    table, or optimized shards; ``preprocessing`` is the model's (the CLI links it)."""
 
     def __init__(
         self,
@@ -57,48 +54,38 @@ class FolderDataModule(L.LightningDataModule):
         preprocessing: Preprocessing | dict | None = None,
     ) -> None:
         super().__init__()
-        require(batch_size >= 1, "data.batch_size", "must be an integer >= 1", batch_size)
-        require(0 <= (num_workers or 0) <= 256, "data.num_workers", "must be >= 0 and <= 256 or null",
-                num_workers)
-        require(prefetch_factor is None or prefetch_factor >= 1, "data.prefetch_factor",
-                "must be >= 1 or null", prefetch_factor)
-        require(cache_gb > 0, "data.cache_gb", "must be above 0 (data.cache=none turns it off)", cache_gb)
-        require(decode_side in ("auto", "full") or (isinstance(decode_side, int) and decode_side > 0),
-                "data.decode_side", "must be auto, full or a number of pixels", decode_side)
+        require_all(
+            (batch_size >= 1, "data.batch_size", "must be an integer >= 1", batch_size),
+            (0 <= (num_workers or 0) <= 256, "data.num_workers", "must be >= 0 and <= 256 or null",
+             num_workers),
+            (prefetch_factor is None or prefetch_factor >= 1, "data.prefetch_factor", "must be >= 1 or null",
+             prefetch_factor),
+            (cache_gb > 0, "data.cache_gb", "must be above 0 (data.cache=none turns it off)", cache_gb),
+            (decode_side in ("auto", "full") or (isinstance(decode_side, int) and decode_side > 0),
+             "data.decode_side", "must be auto, full or a number of pixels", decode_side))
         folders.check_fractions(val_fraction, test_fraction)
-        if isinstance(augmentation, dict):  # as a checkpoint stores it
-            augmentation = Augmentation(**augmentation)
+        augmentation = from_plain(Augmentation, augmentation)  # a checkpoint stores a dict
         if augmentation is not None:
             augmentation.check()
-        if isinstance(unlabeled, dict):  # as a checkpoint stores it
-            unlabeled = Unlabeled(**unlabeled)
-        elif isinstance(unlabeled, str):  # data.unlabeled: DIR, short for data.unlabeled.images
+        if isinstance(unlabeled, str):  # data.unlabeled: DIR, short for data.unlabeled.images
             unlabeled = Unlabeled(images=unlabeled)
-        self.unlabeled = (unlabeled or Unlabeled()).check()
+        self.unlabeled = (from_plain(Unlabeled, unlabeled) or Unlabeled()).check()
         self.save_hyperparameters(logger=False)  # the run summary logs them with the model's
         data_dir = str(data_dir)  # a Path would not load with weights_only
-        self.hparams.data_dir = data_dir
-        self.hparams.augmentation = None if augmentation is None else {
-            k: list(v) if isinstance(v, tuple) else v for k, v in asdict(augmentation).items()}
-        self.hparams.unlabeled = asdict(self.unlabeled)
+        self.preprocessing = from_plain(Preprocessing, preprocessing) or Preprocessing()
+        self.hparams.update(data_dir=data_dir, augmentation=augmentation and plain(augmentation),
+                            unlabeled=plain(self.unlabeled), preprocessing=plain(self.preprocessing),
+                            labels=None if labels is None else str(labels))
         self.data_dir, self.batch_size, self.num_workers = data_dir, batch_size, num_workers
         self.augmentation, self.seed, self.cache = augmentation, seed, cache
-        if isinstance(preprocessing, dict):  # as a checkpoint stores it
-            preprocessing = Preprocessing(**{k: tuple(v) if isinstance(v, list) else v
-                                             for k, v in preprocessing.items()})
-        # the model's input settings resolved once (the CLI links them in); null: ImageNet's at 224 px
-        self.preprocessing = preprocessing or Preprocessing()
-        self.hparams.preprocessing = {k: list(v) if isinstance(v, tuple) else v
-                                      for k, v in asdict(self.preprocessing).items()}
         self.datasets: dict[str, ImageDataset] = {}
         self.streaming = "://" in data_dir or (Path(data_dir) / folders.STREAMING_MANIFEST).is_file()
-        self.hparams.labels = None if labels is None else str(labels)
-        if task != "auto":
-            require(labels is not None or tasks.task_class(task).reads_class_folders, "data.task",
-                    "of a task that class folders do not hold needs data.labels (a table)", task)
-        require(labels is None or not self.streaming, "data.labels", "is not for streamed shards", labels)
-        require(self.unlabeled.images is None or not self.streaming, "data.unlabeled.images",
-                "is not for streamed shards: give data.data_dir as a folder", self.unlabeled.images)
+        require_all(
+            (task == "auto" or labels is not None or tasks.task_class(task).reads_class_folders, "data.task",
+             "of a task that class folders do not hold needs data.labels (a table)", task),
+            (labels is None or not self.streaming, "data.labels", "is not for streamed shards", labels),
+            (self.unlabeled.images is None or not self.streaming, "data.unlabeled.images",
+             "is not for streamed shards: give data.data_dir as a folder", self.unlabeled.images))
 
     @cached_property
     def splits(self) -> FolderSplits:
@@ -107,14 +94,20 @@ class FolderDataModule(L.LightningDataModule):
             from project.data.tables import discover_table
 
             return discover_table(hp.labels, self.data_dir, hp.task, hp.val_fraction, hp.test_fraction,
-                                  hp.split_seed, unlabeled_ok=self.unlabeled_from_table)
+                                  hp.split_seed, unlabeled_ok=self.unlabeled.images is not None
+                                  and self.rare.unlabeled_from_table)
         return folders.discover(self.data_dir, hp.val_fraction, hp.test_fraction, hp.split_seed)
+
+    @cached_property
+    def rare(self):
+        """Unlabeled images and extra validation sets, loaded only by a run that has them."""
+        from project.data.rare_sources import RareSources
+
+        return RareSources(self)
 
     @property
     def class_names(self) -> list[str]:
-        if self.streaming:
-            return list(self.streamed.manifest["classes"])
-        return self.splits.classes
+        return list(self.streamed.manifest["classes"]) if self.streaming else self.splits.classes
 
     @property
     def num_classes(self) -> int:
@@ -122,8 +115,7 @@ class FolderDataModule(L.LightningDataModule):
 
     @property
     def task(self) -> str:
-        """The task the labels describe (``project/tasks/``): class folders' default, unless a
-        labels table's columns are another task's (or data.task names one)."""
+        """The task the labels describe: class folders' default, or a labels table's own."""
         task = tasks.check_name(None if self.streaming else self.splits.task)
         if self.hparams.balanced_sampling:  # read when the CLI links it: before any run folder
             self.task_type.sample_weights(self.train_targets, self.num_classes)
@@ -142,34 +134,18 @@ class FolderDataModule(L.LightningDataModule):
 
     @cached_property
     def extra_val_names(self) -> list[str]:
-        """The extra validation sets' names (the CLI links them into model.extra_val), each set
-        checked now, before any run folder exists (``extra_val.py``)."""
-        if not self.hparams.extra_val:
-            return []
-        from project.data.extra_val import check_extra_val
-
-        return check_extra_val(self)
-
-    @property
-    def unlabeled_from_table(self) -> bool:
-        images, labels = self.unlabeled.images, self.hparams.labels
-        return images is not None and labels is not None and Path(images).resolve() == Path(labels).resolve()
+        """The extra validation sets' names, checked before any run folder exists."""
+        return self.rare.extra_val_names() if self.hparams.extra_val else []
 
     @cached_property
     def unlabeled_samples(self) -> list[Sample]:
-        """The unlabeled images (``unlabeled.py``), listed and checked once, before any run folder."""
-        if self.unlabeled.images is None:
-            return []
-        from project.data.unlabeled_stream import unlabeled_samples
-
-        hp = self.hparams
-        return unlabeled_samples(self.unlabeled, self.data_dir, hp.labels, self.unlabeled_from_table)
+        """The unlabeled images, listed and checked once, before any run folder."""
+        return self.rare.unlabeled_samples() if self.unlabeled.images is not None else []
 
     @property
     def unlabeled_objective(self) -> dict | None:
         """The semi-supervised objective's settings (the CLI links them into model.unlabeled)."""
-        if self.unlabeled.images is not None:
-            self.unlabeled_samples  # noqa: B018 (a missing or empty folder fails now, in one line)
+        self.unlabeled_samples  # noqa: B018 (a missing or empty folder fails now, in one line)
         return self.unlabeled.objective()
 
     @property
@@ -206,25 +182,20 @@ class FolderDataModule(L.LightningDataModule):
         if self.augmentation is not None:
             check_scale_agreement(self.preprocessing, self.augmentation)
         wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}
-        extra = [f"val_{n}" for n in self.extra_val_names] if (stage or "fit") in ("fit", "validate") else []
-        for split in (*wanted.get(stage or "fit", ("train", "val", "test")), *extra):
+        for split in wanted.get(stage or "fit", ("train", "val", "test")):
             if split not in self.datasets:
                 self.datasets[split] = self.make_dataset(split)
-        if (stage or "fit") == "fit" and self.unlabeled_samples and "unlabeled" not in self.datasets:
-            from project.data.unlabeled_stream import unlabeled_dataset
-
-            self.datasets["unlabeled"] = unlabeled_dataset(self)
+        if self.extra_val_names or self.unlabeled_samples:
+            self.rare.setup(stage or "fit")
 
     def make_dataset(self, split: str) -> ImageDataset:
-        if split.startswith("val_"):
-            from project.data.extra_val import extra_val_dataset
-
-            return extra_val_dataset(self, split.removeprefix("val_"))
         if self.streaming:
             return self.streamed.dataset(split)
         samples: list[Sample] = getattr(self.splits, split)
         if not samples:
-            fix = folders.empty_split_fix(self.data_dir, split)
+            from project.data.splits import empty_split_fix
+
+            fix = empty_split_fix(self.data_dir, split)
             raise ConfigError(f"the {split} split of '{self.data_dir}' is empty: {fix}")
         if split == "train" and self.world()[1] == 0:  # once a run: input size against the images'
             notice_size_mismatch([s.path for s in samples], self.preprocessing.image_size)
@@ -284,11 +255,9 @@ class FolderDataModule(L.LightningDataModule):
             collate_fn=collate_skipping_bad, generator=torch.Generator().manual_seed(self.run_seed()))
 
     def train_dataloader(self) -> DataLoader | dict[str, DataLoader]:
-        if "unlabeled" not in self.datasets:
-            return self.labeled_loader()
-        from project.data.unlabeled_stream import train_loaders
-
-        return train_loaders(self, epoch_to_start(self.trainer))
+        if "unlabeled" in self.datasets:
+            return self.rare.train_loaders(epoch_to_start(self.trainer))
+        return self.labeled_loader()
 
     def labeled_loader(self, draws: int | None = None) -> DataLoader:
         """The labeled images' loader: each once an epoch, or ``draws`` of them per rank (cycled)."""
@@ -311,19 +280,16 @@ class FolderDataModule(L.LightningDataModule):
         return self.loader(self.datasets[split], ShardSampler(len(self.datasets[split]), world, rank))
 
     def val_dataloader(self) -> DataLoader | list[DataLoader]:
-        if not self.extra_val_names:
-            return self.eval_loader("val")
-        return [self.eval_loader(split) for split in ("val", *(f"val_{n}" for n in self.extra_val_names))]
+        loaders = [self.eval_loader(split) for split in ("val", *(f"val_{n}" for n in self.extra_val_names))]
+        return loaders if self.extra_val_names else loaders[0]
 
     def test_dataloader(self) -> DataLoader:
         return self.eval_loader("test")
 
 
 def epoch_to_start(trainer: L.Trainer | None) -> int:
-    """The epoch a fit is about to run, when its train loader is made: Lightning calls
-    ``set_epoch`` only after the loader's iterator has drawn (and prefetched) the first batches,
-    and ``trainer.current_epoch`` still shows the epoch before. No public counter holds it: read
-    from the fit loop's progress (the exact-resume test fails if that changes)."""
+    """The epoch a fit is about to run when its loader is made: Lightning's ``set_epoch`` comes
+    after the first batches are drawn, and no public counter holds it yet."""
     if trainer is None:
         return 0
     return trainer.fit_loop.epoch_progress.current.processed

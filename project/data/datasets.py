@@ -1,5 +1,4 @@
-"""The Dataset: decode (or read the cache), augment (new variants every epoch, drawn from the
-seed the sampler hands over with each index), and survive bad files."""
+"""The Dataset: decode or read the cache, augment from the sampler's seed, survive bad files."""
 
 from collections.abc import Callable, Sequence
 
@@ -16,9 +15,8 @@ class BadImageError(ProjectError, RuntimeError):
 
 
 class ImageDataset(Dataset):
-    """``samples`` as (image, target), by index or ``(index, seed)`` (``EpochSampler``'s); ``target``
-    turns a label into what the loss takes (the task's). An undecodable file gives None (dropped in
-    the collate), flagged in shared memory for the report."""
+    """``samples`` as (image, target), by index or ``(index, seed)``; an undecodable file gives None
+    (dropped in the collate), flagged in shared memory for the report."""
 
     def __init__(self, samples: Sequence[Sample], transform: Callable[[torch.Tensor], torch.Tensor],
                  cache: ImageCache | None = None, on_bad_image: str = "skip",
@@ -58,7 +56,7 @@ def seeded_transform(transform: Callable[[torch.Tensor], torch.Tensor], image: t
     """``transform(image)`` with the random augmentation drawn from ``seed`` (None: as it is)."""
     if seed is None:
         return transform(image)
-    # the CPU generator only (torch.manual_seed also seeds each GPU's, far slower), then restored
+    # the CPU generator only (torch.manual_seed also seeds each GPU's, far slower)
     state = torch.get_rng_state()
     torch.default_generator.manual_seed(seed)
     try:

@@ -1,5 +1,5 @@
-"""Find classes and images in ``<root>/{train,val,test}/<class>/`` (val and test optional) or
-one ``<root>/<class>/`` folder (split by ``splits.py``), with errors a user can act on."""
+"""Classes and images of ``<root>/{train,val,test}/<class>/`` or ``<root>/<class>/``, with errors
+that say the fix."""
 
 import logging
 import os
@@ -94,15 +94,3 @@ def discover(data_dir: str | Path, val_fraction: float = 0.15, test_fraction: fl
     test = held.get("test")
     return FolderSplits(classes, *split_off(train, test, val_fraction, test_fraction, seed, base))
 
-
-def empty_split_fix(data_dir: str, split: str) -> str:
-    """How to fill an empty split (beside train/ and val/ folders, only a test/ folder gives a test set)."""
-    root = Path(data_dir)
-    if not (root / "train").is_dir() or (split == "test" and not (root / "val").is_dir()):
-        if split == "train":
-            return "lower data.val_fraction and data.test_fraction, or add images"
-        return f"set data.{split}_fraction above 0, or add images"
-    if split == "test":
-        return ("add a test/ folder with the same class folders as train/ (data.test_fraction "
-                "splits only a folder without val/)")
-    return f"add a {split}/ folder with the same class folders as train/, or raise data.{split}_fraction"

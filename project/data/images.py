@@ -1,5 +1,4 @@
-"""Decode image files to uint8 RGB tensors, reduced once to the short side the transforms need
-(:func:`needed_side`), and an optional in-memory cache of them."""
+"""Image files decoded to uint8 RGB tensors at the short side the transforms need, and their cache."""
 
 import io
 import logging
@@ -19,8 +18,7 @@ log = logging.getLogger(__name__)
 SIZE_NOTICE_FACTOR = 4  # input size and the images' median short side further apart: a notice
 
 def needed_side(pre: Preprocessing, crop_scale: tuple[float, float] | None = None) -> int:
-    """The short side to decode at: evaluation's resize side or, for training, one at which even
-    the smallest random crop (``crop_scale[0]``) is not enlarged."""
+    """The short side to decode at: evaluation's resize side, or one where no training crop is enlarged."""
     if crop_scale is None:
         return pre.resize_size
     need = pre.image_size / math.sqrt(crop_scale[0])
@@ -28,9 +26,8 @@ def needed_side(pre: Preprocessing, crop_scale: tuple[float, float] | None = Non
 
 
 def notice_size_mismatch(paths: Sequence[str], image_size: int, sample: int = 64) -> int | None:
-    """Say, in one line, when ``model.input.size`` and the median short side of (a sample of) the
-    training images differ more than fourfold: tiny images blown up, or photos shrunk to a few
-    pixels per detail, are easy to miss in a config. The headers only; the median, or None."""
+    """A notice when ``model.input.size`` and the training images' median short side (from a
+    sample's headers) differ more than fourfold, easy to miss in a config; the median, or None."""
     step = max(1, len(paths) // sample)
     sides = []
     for path in list(paths)[::step][:sample]:
@@ -89,8 +86,7 @@ def offsets_of(shapes: Sequence[tuple[int, int, int]]) -> np.ndarray:
 
 
 class ImageCache:
-    """Decoded images in one flat uint8 buffer, not a tensor each: forked DataLoader workers
-    share its pages, and Python's reference counting never touches the pixels."""
+    """Decoded images in one flat uint8 buffer that forked workers share (no refcount touches it)."""
 
     def __init__(self, buffer: torch.Tensor, shapes: Sequence, short_side: int | None) -> None:
         self.buffer, self.short_side = buffer, short_side

@@ -1,9 +1,5 @@
-"""Samplers for one process or many: a seeded training draw per epoch, and evaluation shards.
-
-Every rank computes the same draw from (seed, epoch) and takes every ``num_replicas``-th index
-(with ``weights``: with replacement). Each index comes with its augmentation's seed, so the
-images depend on (seed, epoch, position) alone, not on workers, ranks or an interruption.
-"""
+"""Samplers for one process or many: each epoch's draw and each image's augmentation seed depend
+on (seed, epoch, position) alone, not on workers, ranks or an interruption."""
 
 import math
 from collections.abc import Iterator
@@ -20,12 +16,11 @@ def epoch_seed(seed: int, epoch: int) -> int:
 
 
 class EpochSampler(DistributedSampler):
-    """``draws`` per rank (None: the items once, split over the ranks); more are drawn by
-    repeating the epoch's order."""
+    """Every rank's share of one seeded draw: ``draws`` per rank (None: the items once), cycled."""
 
     def __init__(self, num_items: int, weights: torch.Tensor | None = None, shuffle: bool = True,
                  seed: int = 0, num_replicas: int = 1, rank: int = 0, draws: int | None = None) -> None:
-        # Not calling DistributedSampler.__init__: it needs a dataset and a process group.
+        # no DistributedSampler.__init__: it needs a dataset and a process group
         self.num_items, self.shuffle, self.seed = num_items, shuffle, seed
         self.num_replicas, self.rank, self.epoch = num_replicas, rank, 0
         self.drop_last = False  # read by Lightning as on a DistributedSampler; never dropped here

@@ -131,3 +131,16 @@ def split_off(train: list[Sample], test: list[Sample] | None, val_fraction: floa
         val_fraction = val_fraction / (1 - test_fraction)
     train, val = splitter(train, val_fraction, seed + 1, [group_of[s.path] for s in train])
     return train, val, test
+
+
+def empty_split_fix(data_dir: str, split: str) -> str:
+    """How to fill an empty split (beside train/ and val/ folders, only a test/ folder gives a test set)."""
+    root = Path(data_dir)
+    if not (root / "train").is_dir() or (split == "test" and not (root / "val").is_dir()):
+        if split == "train":
+            return "lower data.val_fraction and data.test_fraction, or add images"
+        return f"set data.{split}_fraction above 0, or add images"
+    if split == "test":
+        return ("add a test/ folder with the same class folders as train/ (data.test_fraction "
+                "splits only a folder without val/)")
+    return f"add a {split}/ folder with the same class folders as train/, or raise data.{split}_fraction"

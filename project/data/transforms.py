@@ -1,6 +1,5 @@
-"""Train and eval pipelines (torchvision.transforms.v2) on decoded uint8 CHW images: evaluation
-with the model's :class:`Preprocessing`, training from the :class:`Augmentation` settings
-(``data.augmentation.*``). To add one: a field below and a line in :func:`train_transforms`."""
+"""Train and eval pipelines on decoded uint8 images; a new augmentation is a field of
+:class:`Augmentation` and a line in :func:`train_transforms`."""
 
 import logging
 from dataclasses import dataclass
@@ -10,7 +9,7 @@ import torch
 from torchvision.transforms import InterpolationMode, v2
 
 from project.common.preprocessing import Preprocessing
-from project.errors import require
+from project.errors import require_all
 
 log = logging.getLogger(__name__)
 AutoAugment = Literal["none", "randaugment", "trivialaugment", "augmix"]
@@ -32,22 +31,21 @@ class Augmentation:
         object.__setattr__(self, "crop_scale", tuple(self.crop_scale))
 
     def check(self) -> "Augmentation":
-        """A one-line error naming the first setting out of range (not in ``__post_init__``:
-        the config parser would wrap it in its own)."""
-        for key in ("hflip", "vflip", "random_erasing", "color_jitter"):
-            value = getattr(self, key)
-            require(0 <= value <= 1, f"data.augmentation.{key}", "must be in [0, 1]", value)
+        """A one-line error naming the first setting out of range (not in ``__post_init__``, where
+        the config parser would wrap it)."""
         low, high = self.crop_scale
-        require(0 < low <= high <= 1, "data.augmentation.crop_scale",
-                "must be [min, max] with 0 < min <= max <= 1", list(self.crop_scale))
-        require(self.auto_augment in AutoAugment.__args__, "data.augmentation.auto_augment",
-                f"must be one of {', '.join(AutoAugment.__args__)}", self.auto_augment)
+        require_all(
+            *((0 <= getattr(self, k) <= 1, f"data.augmentation.{k}", "must be in [0, 1]", getattr(self, k))
+              for k in ("hflip", "vflip", "random_erasing", "color_jitter")),
+            (0 < low <= high <= 1, "data.augmentation.crop_scale",
+             "must be [min, max] with 0 < min <= max <= 1", list(self.crop_scale)),
+            (self.auto_augment in AutoAugment.__args__, "data.augmentation.auto_augment",
+             f"must be one of {', '.join(AutoAugment.__args__)}", self.auto_augment))
         return self
 
 
 def train_transforms(pre: Preprocessing, aug: Augmentation | None) -> v2.Compose:
-    """Random resized crop, flips, auto-augment (on uint8: the fast path), colour jitter (no hue,
-    as timm), random erasing; ``aug=None``: the evaluation pipeline."""
+    """Random resized crop, flips, auto-augment (on uint8: faster), colour jitter, random erasing."""
     if aug is None:
         return eval_transforms(pre)
     mode = InterpolationMode(pre.interpolation)
@@ -83,8 +81,7 @@ def eval_transforms(pre: Preprocessing) -> v2.Compose:
 
 
 def check_scale_agreement(pre: Preprocessing, aug: Augmentation) -> None:
-    """Say so when evaluation's kept share of an image (``crop_ratio**2``) is outside training's
-    ``crop_scale``: the model would never train at its evaluation scale."""
+    """A notice when evaluation's share of an image is outside training's ``crop_scale``."""
     share = pre.crop_ratio ** 2
     low, high = aug.crop_scale
     if not low <= share <= high:

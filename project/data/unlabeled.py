@@ -1,17 +1,11 @@
-"""Unlabeled images beside the labeled ones (``data.unlabeled``): the settings, and how a
-training batch carries them. What lists, augments and deals them is in ``unlabeled_stream.py``,
-loaded only when a run has them.
-
-The model's objective (``project/model/unlabeled.py``) reads ``method``, ``threshold`` and
-``weight``; the CLI links them in.
-"""
+"""``data.unlabeled``'s settings and how a batch carries them; the rest loads only when used."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from project.errors import require
+from project.errors import require_all
 
 
 @dataclass(frozen=True)
@@ -26,12 +20,13 @@ class Unlabeled:
     weight: float = 1.0  # of the unlabeled loss beside the labeled one
 
     def check(self) -> Unlabeled:
-        require(self.images is None or bool(str(self.images).strip()), "data.unlabeled.images",
-                "must be a folder of images or the labels table (null: none)", self.images)
-        require(isinstance(self.ratio, int) and self.ratio >= 1, "data.unlabeled.ratio",
-                "must be an integer >= 1", self.ratio)
-        require(0 < self.threshold <= 1, "data.unlabeled.threshold", "must be in (0, 1]", self.threshold)
-        require(0 <= self.weight < math.inf, "data.unlabeled.weight", "must be >= 0 (finite)", self.weight)
+        require_all(
+            (self.images is None or bool(str(self.images).strip()), "data.unlabeled.images",
+             "must be a folder of images or the labels table (null: none)", self.images),
+            (isinstance(self.ratio, int) and self.ratio >= 1, "data.unlabeled.ratio",
+             "must be an integer >= 1", self.ratio),
+            (0 < self.threshold <= 1, "data.unlabeled.threshold", "must be in (0, 1]", self.threshold),
+            (0 <= self.weight < math.inf, "data.unlabeled.weight", "must be >= 0 (finite)", self.weight))
         if self.method != Unlabeled.method:  # the default needs no look-up; another must be known
             from project.model.unlabeled import check_method
 
@@ -46,8 +41,7 @@ class Unlabeled:
 
 
 def split_batch(batch) -> tuple:
-    """(the labeled (x, y) or None, the unlabeled ((weak, strong), _) or None) of a training batch:
-    a dict when the run has unlabeled images, else the labeled pair alone."""
+    """(labeled (x, y) or None, unlabeled ((weak, strong), _) or None) of a training batch."""
     if isinstance(batch, dict):
         return batch.get("labeled"), batch.get("unlabeled")
     return batch, None

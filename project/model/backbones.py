@@ -1,9 +1,5 @@
-"""The network: a torchvision classifier, a ``timm/<name>`` one, or your own ``nn.Module`` from
-``package.module:Factory``; its weights; and a new head.
-
-Weights come from a file, the torch hub (or, for timm, Hugging Face) cache or a download;
-offline, the run goes on from random weights but says so loudly, naming the file and folder.
-"""
+"""The network (torchvision, ``timm/<name>`` or ``package.module:Factory``), its weights and a new
+head; offline, a run goes on from random weights but says so loudly, naming the file to fetch."""
 
 import logging
 from dataclasses import dataclass
@@ -32,8 +28,8 @@ HeadKind = Literal["linear", "mlp"]
 
 @dataclass(frozen=True)
 class Head:
-    """The new classification layer (``model.head``): ``linear``, or ``mlp`` (Linear, GELU,
-    Dropout, Linear) with ``hidden`` units and ``dropout``."""
+    """The new classification layer (``model.head``): ``linear``, or ``mlp`` (Linear, GELU, Dropout,
+    Linear)."""
 
     kind: HeadKind = "linear"
     hidden: int = 512
@@ -61,9 +57,7 @@ def model_names() -> list[str]:
 
 def build(name: str, weights: str | None, num_classes: int, head: Head = Head(),
           image_size: int | None = None) -> Backbone:
-    """A torchvision, ``timm/<name>`` or own (``package.module:Factory``) model with ``weights``
-    and a fresh ``num_classes`` head (``image_size`` reaches timm models built for one input
-    size, e.g. ViTs), checked to answer ``num_classes`` values per image."""
+    """The model with ``weights`` and a new ``num_classes`` head, checked to answer that many values."""
     if num_classes < 1:  # outputs: classes, labels, or values of a regression
         raise WeightsError(f"model.num_classes must be at least 1, got {num_classes}")
     if name.startswith(TIMM_PREFIX):
@@ -89,9 +83,8 @@ def build(name: str, weights: str | None, num_classes: int, head: Head = Head(),
 
 
 def check_outputs(backbone: Backbone, name: str, num_classes: int, image_size: int | None) -> None:
-    """One forward of a blank image: a network that does not answer ``num_classes`` values per
-    image (a head left unreplaced) or that cannot take ``image_size`` fails here, in one line,
-    not deep inside a metric or a fixed-size model halfway into a run."""
+    """One forward of a blank image: a head left unreplaced or a size the network cannot take is
+    one line now, not an error deep inside a metric halfway into a run."""
     net, size = backbone.net, image_size or 224
     was_training = net.training
     net.eval()
@@ -176,8 +169,7 @@ def replace_head(net: nn.Module, name: str, num_classes: int, head: Head) -> Non
 
 
 def resolve_preprocessing(backbone: str, weights: str | None, given: Input | dict | int) -> Preprocessing:
-    """The one resolver of a model's input (as timm's ``resolve_data_config``): a value given wins,
-    else the weights' own (torchvision's ``transforms()``, timm's ``pretrained_cfg``), else ImageNet's."""
+    """The one resolver of a model's input: a value given wins, else the weights' own, else ImageNet's."""
     given = Input.of(given)
     base = {"size": 224, "crop_ratio": 0.875, "interpolation": "bilinear", "mean": IMAGENET_MEAN,
             "std": IMAGENET_STD}

@@ -1,5 +1,4 @@
-"""ImageClassifier: a pretrained backbone with a new head (``backbones.py``), parameter groups
-(``param_groups.py``), schedule (``schedule.py``) and metrics (``metrics.py``)."""
+"""ImageClassifier: a backbone with a new head, trained as its task (``project/tasks/``) says."""
 
 import functools
 import logging
@@ -16,7 +15,7 @@ from torchvision.transforms import v2
 from project import tasks
 from project.common.preprocessing import Input
 from project.data.unlabeled import split_batch
-from project.errors import ConfigError, require
+from project.errors import ConfigError, require, require_all
 from project.model import backbones, schedule
 from project.model.param_groups import make_param_groups
 
@@ -27,10 +26,8 @@ DEFAULT_OPTIMIZER = functools.partial(torch.optim.SGD, lr=0.01, momentum=0.9, we
 
 
 class ImageClassifier(L.LightningModule):
-    """Transfer learning for image classification (configs/train.yaml explains each setting).
-    Classes come from the data (the CLI links them). The input settings (``input``: a size, or a
-    group; null values: the weights' own) are what the data module, export and predict read. ``lr`` is
-    the backbone's for ``base_batch_size`` images, scaled by ``lr_scaling``; the head's x ``head_lr_mult``."""
+    """Transfer learning (configs/train.yaml explains each setting); the CLI links in the data's
+    classes. ``lr`` is the backbone's for ``base_batch_size`` images; the head's x ``head_lr_mult``."""
 
     def __init__(
         self,
@@ -62,18 +59,19 @@ class ImageClassifier(L.LightningModule):
         unlabeled: dict | None = None,
     ) -> None:
         super().__init__()
-        require(0 <= lr < math.inf and 0 < head_lr_mult < math.inf, "model.lr/head_lr_mult",
-                "must be >= 0 and > 0 (finite)", (lr, head_lr_mult))
-        require(base_batch_size >= 1, "model.base_batch_size", "must be 1 or more", base_batch_size)
-        require(0 <= label_smoothing < 1, "model.label_smoothing", "must be in [0, 1)", label_smoothing)
-        require(0 <= min(mixup_alpha, cutmix_alpha) <= max(mixup_alpha, cutmix_alpha) < math.inf,
-                "model.mixup_alpha/cutmix_alpha", "must be 0 or more (finite)", (mixup_alpha, cutmix_alpha))
-        require(layer_decay is None or 0 < layer_decay <= 1, "model.layer_decay", "must be in (0, 1]",
-                layer_decay)
         weights_ok = len(class_weights) == num_classes and any(class_weights) and all(
             0 <= w < math.inf for w in class_weights) if isinstance(class_weights, list) else True
-        require(weights_ok, "model.class_weights",
-                f"needs one weight per class ({num_classes}), each finite and >= 0, not all 0", class_weights)
+        require_all(
+            (0 <= lr < math.inf and 0 < head_lr_mult < math.inf, "model.lr/head_lr_mult",
+             "must be >= 0 and > 0 (finite)", (lr, head_lr_mult)),
+            (base_batch_size >= 1, "model.base_batch_size", "must be 1 or more", base_batch_size),
+            (0 <= label_smoothing < 1, "model.label_smoothing", "must be in [0, 1)", label_smoothing),
+            (0 <= min(mixup_alpha, cutmix_alpha) <= max(mixup_alpha, cutmix_alpha) < math.inf,
+             "model.mixup_alpha/cutmix_alpha", "must be 0 or more (finite)", (mixup_alpha, cutmix_alpha)),
+            (layer_decay is None or 0 < layer_decay <= 1, "model.layer_decay", "must be in (0, 1]",
+             layer_decay),
+            (weights_ok, "model.class_weights",
+             f"needs one weight per class ({num_classes}), each finite and >= 0, not all 0", class_weights))
         head = backbones.Head.of(head)
         if class_names is not None and len(class_names) != num_classes:
             raise ConfigError(f"{len(class_names)} class_names for num_classes={num_classes}")
@@ -97,19 +95,14 @@ class ImageClassifier(L.LightningModule):
         self.mixing = batch_mixing(num_classes, mixup_alpha, cutmix_alpha)
         self.register_buffer("class_weight", torch.ones(num_classes))  # in the checkpoint, for evaluate
         self.register_buffer("temperature", torch.ones(()))  # fitted by `python -m project calibrate`
-        # the task owns loss, metrics and outputs (project/tasks/); the data chose it. It reads
-        # the settings (label_smoothing, ...) from hparams when it uses them: a callback may change them
+        # the data chose the task; it reads hparams when used, as a callback may change them
         self.task = tasks.task_class(task)(self.class_names, loss, self.hparams, label_stats)
         self.task.check(dict(self.hparams))
         if min_confidence is not None:  # the answer policy stored with the model, checked now
-            from project.tasks.answers import answers
+            from project.tasks.answers import check_min_confidence
 
-            try:
-                answers(self.class_names, self.answer_state())
-            except ConfigError as err:
-                raise ConfigError(f"model.min_confidence: {err}") from None
-        # data.unlabeled's objective (FixMatch), linked in by the CLI; None: labeled images only
-        self.unlabeled_objective = None
+            check_min_confidence(self.class_names, self.answer_state())
+        self.unlabeled_objective = None  # data.unlabeled's (FixMatch), linked in by the CLI
         if unlabeled:
             from project.model.unlabeled import make_objective
 
@@ -117,7 +110,7 @@ class ImageClassifier(L.LightningModule):
         self.train_acc = self.task.train_metric()
         self.val_metrics = self.task.stage_metrics("val")
         self.test_metrics = self.task.stage_metrics("test")
-        # data.extra_val's sets (the CLI links their names): each its own val_<name>/... metrics
+        # data.extra_val's sets, linked in by the CLI: each its own val_<name>/... metrics
         self.extra_val_metrics = nn.ModuleDict({name: self.task.stage_metrics(f"val_{name}")
                                                 for name in extra_val or []})
         self.val_acc_best = self.task.best_metric()  # of the monitored metric (val/acc by default)
@@ -158,8 +151,7 @@ class ImageClassifier(L.LightningModule):
             self.class_weight.copy_(torch.tensor(weights, dtype=torch.float32))
 
     def answer_state(self) -> dict:
-        """What answers need beside the class names (``project/tasks/answers.py``): the task, the
-        temperature and the task's own state; kept in checkpoints and ONNX metadata."""
+        """What answers need beside the class names; kept in checkpoints and ONNX metadata."""
         return {"task": self.task.name, "answers": self.task.answers, "temperature": float(self.temperature),
                 **self.task.state(), "min_confidence": self.hparams.min_confidence}
 
@@ -221,11 +213,8 @@ class ImageClassifier(L.LightningModule):
         self._logging_from = ("test", "on_test_epoch_end")
         self._eval_epoch_end(self.test_metrics)
 
-    # -- one value per metric name in an evaluation epoch --------------------------------
-    # Lightning averages a name logged twice in one epoch hook and lets a later hook's value
-    # replace an earlier one's: an extra validation set logged under val/ would blend into
-    # val/acc, which the checkpoints follow. A step logs its names every batch (one series: fine;
-    # with several loaders Lightning adds /dataloader_idx_N to each).
+    # -- one value per metric name in an evaluation epoch: Lightning would silently average or
+    # replace a name logged twice (an extra set under val/ would blend into val/acc) -----------
     def on_validation_epoch_start(self) -> None:
         self._logged: dict[str, str] = {}  # name -> where it was logged this epoch
         self._logging_from: tuple[str, str] | None = ("validation", "a validation hook")

@@ -1,6 +1,5 @@
-"""Parameter groups: backbone and head, each with and without weight decay (decay on norms and
-biases only hurts; timm's ``param_groups_weight_decay`` does the same). Every parameter is in a
-group from the start, frozen or not, so unfreezing never adds groups mid-run."""
+"""Parameter groups: backbone and head, each with and without weight decay (it only hurts norms and
+biases); every parameter has a group from the start, so unfreezing never adds one mid-run."""
 
 from torch import nn
 
@@ -12,9 +11,8 @@ def no_decay(name: str, param: nn.Parameter) -> bool:
 
 def make_param_groups(net: nn.Module, head_name: str, lr: float, head_lr_mult: float,
                       layer_decay: float | None = None) -> list[dict]:
-    """Groups ``backbone``, ``head`` and their ``_no_decay`` twins (weight decay 0); the head's
-    LR is ``head_lr_mult`` x ``lr``. With ``layer_decay`` (timm's) the backbone splits by block
-    (``backbone.layer3``, ...), each ``layer_decay`` times slower than the next."""
+    """Groups ``backbone``, ``head`` and their ``_no_decay`` twins; with ``layer_decay`` the backbone
+    splits by block, each ``layer_decay`` times slower than the next."""
     scale_of = None
     if layer_decay is not None:
         from project.model.layer_decay import block_scales

@@ -1,9 +1,5 @@
-"""The learning-rate schedule in one place: warmup + cosine per step, run lengths, batch scaling.
-
-``model.scheduler`` is any ``torch.optim.lr_scheduler`` class, stepped every optimizer step.
-Asking for the run's lengths in ``configure_optimizers`` would build the train loader before a
-resume restores its epoch, so :class:`DeferredScheduler` builds it when training starts.
-"""
+"""The learning-rate schedule: warmup + cosine, run lengths, batch scaling; ``model.scheduler`` is
+any ``torch.optim.lr_scheduler`` class, built when training starts (:class:`DeferredScheduler`)."""
 
 import functools
 import inspect
@@ -17,7 +13,7 @@ import torch
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
-from project.errors import ConfigError, require
+from project.errors import ConfigError, require, require_all
 
 log = logging.getLogger("project")
 LrScaling = Literal["none", "linear", "sqrt"]
@@ -37,9 +33,8 @@ def global_batch_size(batch_size: int, devices: int, num_nodes: int, accumulate:
 
 def warmup_cosine(warmup_steps: int, total_steps: int, start_factor: float,
                   end_factor: float = 0.0, steps_per_epoch: int | None = None) -> Callable[[int], float]:
-    """The LR factor at a step: linear from ``start_factor`` to 1, then a half cosine; with
-    ``steps_per_epoch`` the cosine moves once an epoch (timm's and torchvision's default), except
-    in a run of one epoch (or bounded by steps alone), where it moves every step."""
+    """The LR factor at a step: linear from ``start_factor`` to 1, then a half cosine (with
+    ``steps_per_epoch``: moved once an epoch, unless the run is one epoch)."""
     warmup_steps = max(0, min(warmup_steps, total_steps))
 
     def factor(step: int) -> float:
@@ -55,27 +50,25 @@ def warmup_cosine(warmup_steps: int, total_steps: int, start_factor: float,
 
 
 class WarmupCosine(LambdaLR):
-    """Linear warmup over ``warmup_epochs`` from ``warmup_start_factor`` x each group's LR, then
-    cosine to ``end_factor`` x it; the warmup is clipped to ``max_warmup_share`` of the run.
-    ``cosine_interval``: ``step`` moves the cosine every step, ``epoch`` once an epoch (more LR in
-    a short run: a 3-epoch run averages 2/3 of the peak, not 1/2)."""
+    """Linear warmup over ``warmup_epochs`` (at most ``max_warmup_share`` of the run), then cosine to
+    ``end_factor`` x each group's LR, every step or (``cosine_interval: epoch``) once an epoch."""
 
     def __init__(self, optimizer: Optimizer, warmup_epochs: float = 3.0, warmup_start_factor: float = 0.01,
                  end_factor: float = 0.0, max_warmup_share: float = 0.2,
                  cosine_interval: Literal["step", "epoch"] = "step", total_steps: int | None = None,
                  steps_per_epoch: int | None = None, last_epoch: int = -1) -> None:
-        require(0 <= warmup_epochs < math.inf, "model.scheduler.warmup_epochs", "must be 0 or more",
-                warmup_epochs)
-        require(0 <= end_factor <= 1, "model.scheduler.end_factor", "must be in [0, 1]", end_factor)
-        require(0 <= max_warmup_share <= 1, "model.scheduler.max_warmup_share", "must be in [0, 1]",
-                max_warmup_share)
-        require(all(n is None or n >= 1 for n in (total_steps, steps_per_epoch)),
-                "model.scheduler.total_steps/steps_per_epoch", "must be 1 or more (null: the run's)",
-                (total_steps, steps_per_epoch))
-        require(0 < warmup_start_factor <= 1, "model.scheduler.warmup_start_factor", "must be in (0, 1]",
-                warmup_start_factor)
-        require(cosine_interval in ("step", "epoch"), "model.scheduler.cosine_interval",
-                "must be step or epoch", cosine_interval)
+        key = "model.scheduler."  # each row: (ok, the setting, the rule, its value)
+        require_all(
+            (0 <= warmup_epochs < math.inf, f"{key}warmup_epochs", "must be 0 or more", warmup_epochs),
+            (0 <= end_factor <= 1, f"{key}end_factor", "must be in [0, 1]", end_factor),
+            (0 <= max_warmup_share <= 1, f"{key}max_warmup_share", "must be in [0, 1]", max_warmup_share),
+            (all(n is None or n >= 1 for n in (total_steps, steps_per_epoch)),
+             f"{key}total_steps/steps_per_epoch", "must be 1 or more (null: the run's)",
+             (total_steps, steps_per_epoch)),
+            (0 < warmup_start_factor <= 1, f"{key}warmup_start_factor", "must be in (0, 1]",
+             warmup_start_factor),
+            (cosine_interval in ("step", "epoch"), f"{key}cosine_interval", "must be step or epoch",
+             cosine_interval))
         if total_steps is None or steps_per_epoch is None:
             raise ConfigError("WarmupCosine needs the run's total_steps and steps_per_epoch (model.scheduler "
                               "fills them in from trainer.max_epochs or trainer.max_steps)")
@@ -112,9 +105,8 @@ def unset_lengths(factory: Callable) -> list[str]:
 
 
 def check_factories(optimizer: Callable, scheduler: Callable | None) -> None:
-    """Build model.optimizer and model.scheduler once on a stand-in parameter and take one step,
-    quietly: a setting torch refuses (a negative momentum, ``differentiable`` on a leaf, a
-    scheduler's ``last_epoch`` without a history) is one line now, not a traceback at the first step."""
+    """One quiet step of model.optimizer and model.scheduler on a stand-in parameter: a setting
+    torch refuses is one line now, not a traceback at the first step."""
     key, quiet = "model.optimizer", logging.Filter("nothing")  # passes no record of "project"
     log.addFilter(quiet)
     try:
@@ -134,8 +126,8 @@ def check_factories(optimizer: Callable, scheduler: Callable | None) -> None:
 
 
 class DeferredScheduler(LRScheduler):
-    """Stands in for the configured scheduler until :meth:`build` knows the run's lengths (no
-    ``LRScheduler.__init__``: it would take a first step and change the LRs)."""
+    """The configured scheduler, built once the run's lengths are known (no ``LRScheduler.__init__``:
+    its first step would change the LRs)."""
 
     def __init__(self, optimizer: Optimizer, factory: Callable[..., LRScheduler]) -> None:
         self.optimizer, self.factory = optimizer, factory

@@ -1,6 +1,4 @@
-"""Where a network's weights come from, below both the backbone builder and its helpers (the
-weights-file loader, timm's hub): the weights error, the scratch and file tests, the loud
-offline warning, and what a build returns."""
+"""What the backbone builder and its helpers (weights files, timm) share, below them all."""
 
 import logging
 from dataclasses import dataclass
@@ -49,8 +47,7 @@ def warn_no_weights(what: str, reason: str, expected: Path, how: str) -> None:
 
 
 def head_layer(net: nn.Module, name: str) -> nn.Module:
-    """The layer ``name`` (an own network's ``head_name``); one that names none is one line listing
-    the layers where it points, not an AttributeError deep in torch."""
+    """The layer ``name``; a wrong name is one line listing the layers there, not torch's error."""
     try:
         return net.get_submodule(name)
     except AttributeError:

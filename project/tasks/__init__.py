@@ -1,12 +1,5 @@
-"""What a run learns. A task is one folder, ``project/tasks/<name>/``, that owns everything the
-task means: the label columns it reads (``labels.py``), its loss, metrics and views (``task.py``),
-its answers (``answers.py``, torch-free) and its report. This table is the one place that names
-them; every lookup derives from it. Commands ask the task, never its name.
-
-``data.task`` is ``auto`` (the data decides: the table's columns are claimed by one task; class
-folders are the first task's), a name below, or ``package.module:Class`` for a task of your own
-(docs/your-own-task.md). Torch-free, like the answers: ``infer.py`` reads both without torch.
-"""
+"""What a run learns: one folder a task, named once in ``TASKS``; ``data.task`` is ``auto``, a name
+there, or ``package.module:Class`` (docs/your-own-task.md). Torch-free: ``infer.py`` reads it."""
 
 from __future__ import annotations
 
@@ -14,7 +7,7 @@ from importlib import import_module
 
 from project.errors import ConfigError
 
-# name -> its Task class; the first is the default (one class per image: what class folders hold)
+# name -> its Task class; the first is the default (what class folders hold)
 TASKS = {
     "multiclass": "project.tasks.single.task:SingleLabel",
     "multilabel": "project.tasks.multilabel.task:MultiLabel",

@@ -28,6 +28,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "report suggests one")
 
 
+def check_min_confidence(names: list[str], state: dict) -> None:
+    """``model.min_confidence`` checked against the classes when the model is built."""
+    try:
+        answers(names, state)
+    except ConfigError as err:
+        raise ConfigError(f"model.min_confidence: {err}") from None
+
+
 class Answers:
     """Rows for images from raw outputs (logits): the probabilities (``scores``) and the answer."""
 

@@ -1,9 +1,5 @@
-"""The interface every task implements. ``ImageClassifier`` holds one and asks it for the loss,
-the metrics and the monitored metric; the data module asks it for targets and sampling weights;
-the commands ask it for outputs, probabilities, reports and views. A new task is a folder with a
-subclass of :class:`Task` plus one line in ``project/tasks/__init__.py`` (or, outside the
-project, ``data.task: package.module:Class``).
-"""
+"""The interface every task implements: the model, the data module and the commands ask it,
+never the task's name (a new task: docs/your-own-task.md)."""
 
 from __future__ import annotations
 
@@ -22,24 +18,22 @@ Loss = Callable[..., torch.Tensor]  # (task, logits, target, weight=None) -> a s
 
 
 class Task:
-    """A task of ``num_outputs`` outputs named ``names`` (the classes, labels or values).
-    ``settings``: the model's hyperparameters, read when used (a callback may change
-    ``label_smoothing`` mid-run and the next loss follows)."""
+    """A task of outputs named ``names``; ``settings`` (the model's hyperparameters) are read when
+    used, so a callback that changes one mid-run is followed."""
 
     name: ClassVar[str]
-    # package.module:Class of its torch-free parts, loaded when used: its Labels (how it reads a
-    # labels table: project/tasks/labels.py) and its Answers (what infer.py loads)
+    # package.module:Class of its torch-free parts, loaded when used: Labels (tables), Answers
     labels: ClassVar[str] = ""
     answers: ClassVar[str]
     monitor: ClassVar[str] = "val/acc"  # what the best checkpoint and a sweep follow
     mode: ClassVar[str] = "max"
-    losses: ClassVar[dict[str, Loss]] = {}  # model.loss -> loss(task, logits, target, weight)
+    # model.loss -> loss(task, logits, target, weight), or its package.module:function (loaded when chosen)
+    losses: ClassVar[dict[str, Loss | str]] = {}
     default_loss: ClassVar[str]
     train_metric_name: ClassVar[str] = "train/acc"
     temperature_scaling: ClassVar[bool] = False  # calibrate fits a temperature of its outputs
     reads_class_folders: ClassVar[bool] = False  # folders of class subfolders hold its labels
-    # whether data.unlabeled's objective (project/model/unlabeled.py) can train it; if so,
-    # pseudo_labels and per_image_loss turn predictions into targets and score against them
+    # data.unlabeled can train it (with pseudo_labels and per_image_loss)
     learns_from_unlabeled: ClassVar[bool] = False
 
     def __init__(self, names: list[str], loss: str | None = None, settings: Mapping | None = None,
@@ -47,30 +41,27 @@ class Task:
         self.names, self.label_stats = list(names), dict(label_stats or {})
         self.settings = settings if settings is not None else {}
         self.loss_name = loss or self.default_loss
-        if ":" in self.loss_name:  # an own loss: package.module:function
-            self.criterion = load(self.loss_name, "model.loss")
-        elif self.loss_name in self.losses:
-            self.criterion = self.losses[self.loss_name]
-        else:
+        criterion = self.losses.get(self.loss_name, self.loss_name)  # an own loss: package.module:function
+        if isinstance(criterion, str) and ":" not in criterion:
             raise ConfigError(f"model.loss '{self.loss_name}' is not a loss of the {self.name} task; "
                               f"choose from {', '.join(self.losses)} (or null: {self.default_loss}), or "
                               "package.module:function for your own")
+        self.criterion = load(criterion, "model.loss") if isinstance(criterion, str) else criterion
 
     def setting(self, key: str, default=None):
-        """A model setting as it is now (read at each use, not captured when the task was made)."""
+        """A model setting as it is now, not when the task was made."""
         value = self.settings.get(key, default)
         return default if value is None else value
 
     # -- data ----------------------------------------------------------------------------
     @classmethod
     def summarise_labels(cls, targets: list, num_outputs: int) -> dict:
-        """What the model needs to know of the training split's labels (the data module computes
-        it, the CLI links it into ``model.label_stats``)."""
+        """What the model needs of the training labels (linked into ``model.label_stats``)."""
         return {}
 
     @staticmethod
     def target(label: object) -> object:
-        """A sample's label as the loss takes it (a class index as it is; tuples become tensors)."""
+        """A sample's label as the loss takes it."""
         return label
 
     @classmethod
@@ -104,8 +95,7 @@ class Task:
         raise NotImplementedError
 
     def stage_metrics(self, stage: str) -> nn.Module:
-        """An ``nn.Module`` with ``stage``, ``update(logits, target, loss)`` and ``compute() ->
-        {name: value}`` (synced across ranks, then reset); its keys start with ``stage/``."""
+        """A module with ``stage``, ``update(logits, target, loss)`` and ``compute()`` (synced, reset)."""
         raise NotImplementedError
 
     def best_metric(self) -> Metric:
@@ -122,13 +112,12 @@ class Task:
 
     # -- outputs ---------------------------------------------------------------------------
     def outputs(self, logits: torch.Tensor, temperature: torch.Tensor | float = 1.0) -> torch.Tensor:
-        """What the network's raw outputs mean: probabilities, or values in the targets' units."""
+        """The raw outputs as probabilities, or values in the targets' units."""
         raise NotImplementedError
 
     def probabilities(self, logits: torch.Tensor,
                       temperature: torch.Tensor | float = 1.0) -> torch.Tensor | None:
-        """One probability distribution over the classes per image (what suspects and suggest rank
-        by), or None for a task whose outputs are not one."""
+        """One distribution over the classes per image (suspects, suggest), or None."""
         return None
 
     @property
@@ -137,8 +126,7 @@ class Task:
         return self.probabilities(torch.zeros(1, len(self.names))) is not None
 
     def state(self) -> dict:
-        """What the answers need besides names and temperature (thresholds, target scaling):
-        JSON-able, kept in the checkpoint and the ONNX metadata."""
+        """What answers need beside names and temperature: JSON-able, kept with the model."""
         return {}
 
     def load_state(self, state: dict) -> None:
@@ -151,8 +139,7 @@ class Task:
     # -- views and reports -------------------------------------------------------------------
     def log_views(self, writer, result: dict[str, torch.Tensor], stage: str, step: int, epoch: int,
                   top: int = 5) -> None:
-        """Its TensorBoard pictures and tables after a validation or test epoch (``top``: rows of
-        its worst-first tables)."""
+        """Its TensorBoard pictures and tables after an evaluation epoch."""
 
     def write_report(self, model, result: dict[str, torch.Tensor], checkpoint: str, out_dir: Path,
                      samples: dict[str, torch.Tensor], dataset, top: int, target_acc: float) -> None:

@@ -1,7 +1,5 @@
-"""What each stage logs, in one place: loss, accuracy, macro F1, per-class P/R/F1, confusion
-(accuracy alone hides a model that only learned the majority classes). To log another number,
-add it to :func:`overview_metrics`: the run summary and HPARAMS columns follow.
-"""
+"""What each stage logs: accuracy alone hides a model that learned only the majority classes. A new
+number is a line in :func:`overview_metrics`; the run summary and HPARAMS columns follow."""
 
 import torch
 from torch import nn

@@ -1,5 +1,4 @@
-"""One class per image: softmax over the classes, cross-entropy (or the focal loss), accuracy,
-macro F1, per-class P/R/F1 and the confusion matrix."""
+"""One class per image: a softmax over the classes, cross-entropy or the focal loss."""
 
 from __future__ import annotations
 
@@ -20,26 +19,11 @@ def cross_entropy(task: Task, logits: torch.Tensor, target: torch.Tensor,
                                        label_smoothing=task.setting("label_smoothing", 0.0))
 
 
-def focal(task: Task, logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None,
-          gamma: float = 2.0) -> torch.Tensor:
-    """Lin et al. (2017) over a softmax: ``-(1 - p)^gamma log p`` of the true class, so images
-    already classified well weigh little; soft targets (MixUp, smoothing) weigh each class's term."""
-    log_p = logits.float().log_softmax(-1)
-    n, smoothing = logits.shape[-1], task.setting("label_smoothing", 0.0)
-    soft = nn.functional.one_hot(target, n).float() if target.dim() == 1 else target.float()
-    if smoothing:
-        soft = soft * (1 - smoothing) + smoothing / n
-    terms = -soft * (1 - log_p.exp()) ** gamma * log_p
-    if weight is not None:
-        terms = terms * weight
-    return terms.sum(-1).mean()
-
-
 class SingleLabel(Task):
     name = "multiclass"
     labels = "project.tasks.single.labels:OneClass"
     answers = "project.tasks.single.answers:TopClasses"
-    losses = {"cross_entropy": cross_entropy, "focal": focal}
+    losses = {"cross_entropy": cross_entropy, "focal": "project.tasks.single.focal:focal"}
     default_loss = "cross_entropy"
     temperature_scaling = reads_class_folders = learns_from_unlabeled = True
 
