@@ -263,11 +263,11 @@ def init_config(data: Path, table: str | None, weights: Path | None, workdir: Pa
             "_choices": init_choices(printed)}
 
 
-def template_score(config: dict, task: str, epochs: int, seed: int, workdir: Path) -> float:
+def template_score(config: dict, task: str, epochs: int, seed: int, workdir: Path, *extra: str) -> float:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     project(["fit", "--config", str(config["_path"]), f"--trainer.max_epochs={epochs}",
-             f"--seed_everything={seed}", "--trainer.enable_progress_bar=false"], workdir)
+             f"--seed_everything={seed}", "--trainer.enable_progress_bar=false", *extra], workdir)
     run = max(workdir.glob("logs/*/version_*"), key=lambda p: p.stat().st_mtime)
     acc = EventAccumulator(str(run), size_guidance={"scalars": 0})
     acc.Reload()

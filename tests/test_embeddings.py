@@ -8,6 +8,7 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -157,6 +158,35 @@ def test_check_data_finds_resized_cropped_and_reencoded_copies_across_splits(dat
     before = forwarded()
     assert cli(args, tmp_path) == 0
     assert forwarded() == before
+    assert leaks(tmp_path / "out") == {frozenset(p) for p in planted}  # look-alikes are not copies
+    assert cli([*args, "--near", "0.5", "--pixels", "0"], tmp_path) == 0  # every pair above --near
+    assert len(leaks(tmp_path / "out")) > len(planted)
+
+
+def leaks(out: Path) -> set[frozenset[str]]:
+    """The pairs across splits of check-data's near_duplicates.csv."""
+    with open(out / "near_duplicates.csv", newline="") as f:
+        return {frozenset((r["image_a"], r["image_b"])) for r in csv.DictReader(f)
+                if r["split_a"] != r["split_b"]}
+
+
+def test_pixel_agreement_tells_a_reupload_from_a_look_alike(tmp_path):
+    from project.extras.embeddings.check import PIXELS
+    from project.extras.embeddings.copies import agreement
+
+    rng = np.random.default_rng(0)
+    base = (rng.random((8, 8)) * 255).astype(np.uint8)
+    original = Image.fromarray(base).resize((64, 64), Image.BICUBIC)
+    nudged = np.clip(base.astype(int) + rng.integers(-60, 60, (8, 8)), 0, 255)
+    other = Image.fromarray(nudged.astype(np.uint8))
+    files = {"original.png": original, "resized.png": original.resize((96, 96), Image.BICUBIC),
+             "cropped.png": original.crop((3, 1, 62, 63)), "copy.jpg": original,
+             "alike.png": other.resize((64, 64), Image.BICUBIC)}
+    for name, image in files.items():
+        image.convert("RGB").save(tmp_path / name, **({"quality": 70} if name.endswith(".jpg") else {}))
+    scores = agreement([(str(tmp_path / "original.png"), str(tmp_path / n)) for n in list(files)[1:]])
+    assert (scores[:3] >= PIXELS).all() and scores[3] < PIXELS, scores
+    assert agreement([(str(tmp_path / "original.png"), str(tmp_path / "missing.png"))])[0] == 0
 
 
 def test_check_data_without_a_network_or_run_is_as_before(tiny_data, tmp_path, capsys):

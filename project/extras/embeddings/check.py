@@ -14,14 +14,16 @@ import numpy as np
 from project.common.files import atomic_path, list_images
 from project.errors import ProjectError
 from project.extras.embeddings.cache import embed
+from project.extras.embeddings.copies import agreement
 from project.extras.embeddings.neighbours import likeness_to_class, look_alike_classes, near_pairs
 from project.extras.embeddings.sources import add_network_args, network_from_args
 
 log = logging.getLogger("project")
-# the default --near. benchmarks/embeddings.py (MNIST at 64 px, ImageNet efficientnet_lite0): 78 % of
-# planted re-uploads found, with 5.6x as many look-alike pairs; no threshold met 95 % at <= 1x
-# (docs/analysis.md, "Embeddings once")
-NEAR = 0.97
+# the defaults of --near and --pixels: benchmarks/embeddings.py (MNIST at 64 px, ImageNet
+# efficientnet_lite0, planted resized, cropped and JPEG re-uploads; docs/analysis.md, "Embeddings once")
+NEAR = 0.90  # cosine: every planted re-upload passed, among tens of thousands of look-alikes
+PIXELS = 0.99  # aligned grey pixels: every re-upload 0.993 or more, 14 look-alike pairs of 36,644
+FIELDS = ("image_a", "image_b", "similarity", "split_a", "split_b", "pixels")  # near_duplicates.csv
 SHEET_PAIRS = 12  # pairs on near_duplicates.png
 SHOWN = 5  # lines of each list printed
 
@@ -29,7 +31,10 @@ SHOWN = 5  # lines of each list printed
 def add_args(p: argparse.ArgumentParser) -> None:
     add_network_args(p)
     p.add_argument("--near", type=float, default=NEAR,
-                   help="cosine similarity of embeddings above which two images count as near-duplicates")
+                   help="cosine similarity of embeddings above which two images are compared pixel by pixel")
+    p.add_argument("--pixels", type=float, default=PIXELS,
+                   help="correlation of the aligned grey pixels above which such a pair is one picture "
+                        "(0: every pair above --near, look-alikes included)")
     p.add_argument("--out", default="logs/check-data", help="folder for near_duplicates.csv/.png, "
                                                             "outliers.csv, look_alikes.csv")
     p.add_argument("--drop-leaks", dest="drop_leaks", action="store_true",
@@ -71,6 +76,8 @@ def report(a: argparse.Namespace) -> str:
     network was not asked for and cannot be loaded."""
     if not 0 < a.near <= 1:
         raise ProjectError(f"--near must be a cosine similarity in (0, 1], got {a.near}")
+    if not 0 <= a.pixels <= 1:
+        raise ProjectError(f"--pixels must be a correlation in [0, 1], got {a.pixels}")
     try:
         network, _ = network_from_args(a)
     except ProjectError as err:
@@ -89,15 +96,18 @@ def report(a: argparse.Namespace) -> str:
     lines = [f"NEAR-DUPLICATES AND OUTLIERS (embeddings of {network.described}; {done.computed} of "
              f"{len(paths)} images embedded now, {len(done.skipped)} undecodable left out):"]
     i, j, s, truncated = near_pairs(done.features, a.near)
-    pairs = [{"image_a": name[paths[x]], "image_b": name[paths[y]], "similarity": f"{v:.4f}",
-              "split_a": of[paths[x]][0], "split_b": of[paths[y]][0]}
-             for x, y, v in zip(i, j, s, strict=True)]
-    write_csv(out / "near_duplicates.csv", ["image_a", "image_b", "similarity", "split_a", "split_b"], pairs)
+    alike = agreement([(paths[x], paths[y]) for x, y in zip(i, j, strict=True)])
+    keep = alike >= a.pixels
+    i, j, s, alike = i[keep], j[keep], s[keep], alike[keep]
+    pairs = [dict(zip(FIELDS, (name[paths[x]], name[paths[y]], f"{v:.4f}", of[paths[x]][0], of[paths[y]][0],
+                               f"{c:.4f}"), strict=True)) for x, y, v, c in zip(i, j, s, alike, strict=True)]
+    write_csv(out / "near_duplicates.csv", list(FIELDS), pairs)
     leaks = [r for r in pairs if r["split_a"] != r["split_b"]]
     more = " (the closest only: raise --near)" if truncated else ""
-    lines.append(f"  {len(pairs)} pairs above cosine {a.near}{more}: {len(leaks)} across splits (leaks: "
-                 f"the copy's score measures memory), {len(pairs) - len(leaks)} within a split "
-                 f"-> {out / 'near_duplicates.csv'}")
+    alike_only = f", {int((~keep).sum())} more as close but other pictures (look-alikes)" if a.pixels else ""
+    lines.append(f"  {len(pairs)} pairs above cosine {a.near} and pixel correlation {a.pixels}{more}"
+                 f"{alike_only}: {len(leaks)} across splits (leaks: the copy's score measures memory), "
+                 f"{len(pairs) - len(leaks)} within a split -> {out / 'near_duplicates.csv'}")
     lines += [f"    {r['similarity']}  {r['image_a']} ({r['split_a']})  ~  {r['image_b']} ({r['split_b']})"
               for r in (leaks or pairs)[:SHOWN]]
     if pairs:
