@@ -22,8 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from project.checkpoints import datamodule_for, load_model
-from project.common.argv import check_data_dir
+from project.checkpoints import check_data_dir, datamodule_for, load_model
 from project.common.files import write_text
 from project.data.datasets import ImageDataset, collate_skipping_bad
 from project.errors import ProjectError, require
