@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from project import tasks
-from project.errors import CheckpointError
+from project.errors import CheckpointError, ConfigError
 
 log = logging.getLogger("project")
 
@@ -161,3 +161,9 @@ def datamodule_for(ckpt_path: str | Path, model, data_dir: str | None = None):
     if not settings["data_dir"]:
         raise CheckpointError(f"'{ckpt_path}' does not say which data it was trained on: pass --data_dir DIR")
     return FolderDataModule(**{**settings, "cache": "none", "preprocessing": model.preprocessing})
+
+
+def check_data_dir(data_dir: str | None) -> None:
+    """A command's ``--data_dir`` that is not a folder: one line before any model is loaded."""
+    if data_dir and "://" not in data_dir and not Path(data_dir).is_dir():
+        raise ConfigError(f"--data_dir '{data_dir}' is not a folder: pass the images' folder")

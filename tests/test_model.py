@@ -21,7 +21,7 @@ from project.data import FolderDataModule
 from project.errors import CheckpointError
 from project.extras.deploy.export import export_checkpoint
 from project.model import ImageClassifier, backbones
-from project.model.classifier import batch_mixing
+from project.model.mixing import batch_mixing
 from tests.conftest import CLASSES, QUICK, best_ckpt, cli, fit_args, only_run
 
 

@@ -1,7 +1,6 @@
 """Checkpoints that survive crashes, and resumes that continue exactly."""
 
 import random
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -9,8 +8,6 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.io import TorchCheckpointIO
-from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from project.common.files import atomic_path
@@ -45,26 +42,14 @@ class Resilience(Callback):
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
                            checkpoint: dict[str, Any]) -> None:
-        states = checkpoint.get(self.key)
-        if not states:
-            return
-        version, state, gauss = states["python"]
-        random.setstate((version, tuple(state), gauss))
-        name, keys, pos, has_gauss, cached = states["numpy"]
-        np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
-        torch.set_rng_state(states["torch"])
-        if states["cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(states["cuda"])
+        if checkpoint.get(self.key):  # a resumed run
+            from project.callbacks.recovery import restore_rng_states
+
+            restore_rng_states(checkpoint[self.key])
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule,
                      exception: BaseException) -> None:
-        if not isinstance(exception, KeyboardInterrupt | SIGTERMException):
-            return
-        cb = trainer.checkpoint_callback
-        if cb is None or cb.dirpath is None or trainer.state.fn != TrainerFn.FITTING:
-            return
-        path = Path(cb.dirpath) / f"{cb.CHECKPOINT_NAME_LAST}{cb.FILE_EXTENSION}"
-        trainer.save_checkpoint(path)
-        signal_name = "Ctrl+C" if isinstance(exception, KeyboardInterrupt) else "SIGTERM"
-        rank_zero_info(f"\n{signal_name}: stopped at epoch {trainer.current_epoch}, step "
-                       f"{trainer.global_step}; saved {path}. Continue with `make resume`.")
+        if isinstance(exception, KeyboardInterrupt | SIGTERMException):
+            from project.callbacks.recovery import save_on_stop
+
+            save_on_stop(trainer, exception)

@@ -36,8 +36,3 @@ def check_renamed(argv: list[str]) -> None:
         example = f" (model.{group} is a group: {GROUPS[group]})" if group in GROUPS else ""
         raise ConfigError(f"{old} is now {RENAMED[old]}: rename it{example}")
 
-
-def check_data_dir(data_dir: str | None) -> None:
-    """A command's ``--data_dir`` that is not a folder: one line before any model is loaded."""
-    if data_dir and "://" not in data_dir and not Path(data_dir).is_dir():
-        raise ConfigError(f"--data_dir '{data_dir}' is not a folder: pass the images' folder")

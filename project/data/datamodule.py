@@ -203,11 +203,6 @@ class FolderDataModule(L.LightningDataModule):
         return ImageDataset(samples, self.transform(split), self.make_cache(samples, split, side),
                             self.hparams.on_bad_image, short_side=side, target=self.task_type.target)
 
-    def eval_dataset(self, samples: list[Sample]) -> ImageDataset:
-        """``samples`` as evaluation sees them (no cache): export's checks, the analyses."""
-        return ImageDataset(samples, self.transform("val"), on_bad_image=self.hparams.on_bad_image,
-                            short_side=self.short_side("val"), target=self.task_type.target)
-
     def make_cache(self, samples: list[Sample], split: str, side: int | None) -> ImageCache | None:
         if self.cache == "none":
             return None

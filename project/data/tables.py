@@ -36,6 +36,11 @@ class Table:
         return self.labels.names(self.rows) if self.labels is not None else []
 
 
+def registered_tasks() -> list:
+    """Every registered task class, in ``tasks.TASKS``' order: each is asked whether it reads a table."""
+    return [tasks.task_class(name) for name in tasks.TASKS]
+
+
 def labels_of(cls) -> type[Labels]:
     """A task's reader of tables (``Task.labels``: package.module:Class)."""
     return tasks.load(cls.labels, f"{cls.__name__}.labels") if cls.labels else Labels
@@ -43,7 +48,7 @@ def labels_of(cls) -> type[Labels]:
 
 def wrong_columns(path: Path, columns: list[str]) -> str:
     """What a table whose columns no task reads is, and what the tasks read."""
-    formats = "; or ".join(labels_of(cls).format for cls in tasks.registered() if labels_of(cls).format)
+    formats = "; or ".join(labels_of(cls).format for cls in registered_tasks() if labels_of(cls).format)
     return (f"{path} line 1: columns {', '.join(columns) or 'none'}; expected columns image and {formats}; "
             "and optionally split (train, val or test)")
 
@@ -58,7 +63,7 @@ def choose_task(path: Path, columns: list[str], cells: dict[str, list[str]], tas
                                   f"{reader.format or 'not a table this task reads'}; set data.task=auto")
         return task, reader(found, path)
     claims = [(name, reader, reader.claim(columns, cells)) for name, reader in zip(
-        tasks.TASKS, map(labels_of, tasks.registered()), strict=True)]
+        tasks.TASKS, map(labels_of, registered_tasks()), strict=True)]
     claims = [c for c in claims if c[2] is not None]
     if not claims:
         raise DataFolderError(wrong_columns(path, columns))

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-
-from project.errors import require_all
 
 
 @dataclass(frozen=True)
@@ -20,17 +17,11 @@ class Unlabeled:
     weight: float = 1.0  # of the unlabeled loss beside the labeled one
 
     def check(self) -> Unlabeled:
-        require_all(
-            (self.images is None or bool(str(self.images).strip()), "data.unlabeled.images",
-             "must be a folder of images or the labels table (null: none)", self.images),
-            (isinstance(self.ratio, int) and self.ratio >= 1, "data.unlabeled.ratio",
-             "must be an integer >= 1", self.ratio),
-            (0 < self.threshold <= 1, "data.unlabeled.threshold", "must be in (0, 1]", self.threshold),
-            (0 <= self.weight < math.inf, "data.unlabeled.weight", "must be >= 0 (finite)", self.weight))
-        if self.method != Unlabeled.method:  # the default needs no look-up; another must be known
-            from project.model.unlabeled import check_method
+        """A one-line error naming the first setting out of range (the defaults hold)."""
+        if self != Unlabeled():
+            from project.model.unlabeled import check_settings
 
-            check_method(self.method)
+            check_settings(self)
         return self
 
     def objective(self) -> dict | None:

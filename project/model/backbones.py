@@ -92,18 +92,15 @@ def check_outputs(backbone: Backbone, name: str, num_classes: int, image_size: i
         with torch.no_grad():
             out = net(torch.zeros(1, 3, size, size))
     except (RuntimeError, AssertionError, ValueError) as err:
-        needs = getattr(net, "image_size", None)  # torchvision's ViTs are built for one size
-        fix = f"it needs {needs} px: set model.input.size={needs}" if isinstance(needs, int) else (
-            str(err).splitlines()[0] if str(err) else type(err).__name__)
-        raise WeightsError(f"model.backbone {name} cannot take {size} px images (model.input.size): "
-                           f"{fix}") from None
+        from project.model.backbone_errors import size_error
+
+        raise size_error(net, name, size, err) from None
     finally:
         net.train(was_training)
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (1, num_classes):
-        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise WeightsError(f"model.backbone {name} answers {shape} per image, not (1, {num_classes}): "
-                           f"its head '{backbone.head_name}' must be the last layer, replaced for "
-                           f"{num_classes} outputs")
+        from project.model.backbone_errors import shape_error
+
+        raise shape_error(out, name, num_classes, backbone.head_name)
 
 
 def load_torchvision(name: str, weights: str | None) -> tuple[nn.Module, bool, str]:
@@ -150,19 +147,14 @@ def replace_head(net: nn.Module, name: str, num_classes: int, head: Head) -> Non
     parent_name, _, child = name.rpartition(".")
     old = head_layer(net, name)
     parent = net.get_submodule(parent_name) if parent_name else net
-    kind = type(old).__name__
     if isinstance(old, nn.Linear):
         new = head.build(old.in_features, num_classes)
     elif isinstance(old, nn.Conv2d) and head.kind == "linear":
         new = nn.Conv2d(old.in_channels, num_classes, old.kernel_size, old.stride, old.padding)
-    elif isinstance(old, nn.Conv2d):
-        raise WeightsError(f"model.head={head.kind} needs a linear classification layer; "
-                           f"{type(net).__name__}'s '{name}' is a Conv2d, which only model.head=linear "
-                           "replaces: use model.head=linear")
-    else:
-        raise WeightsError(f"model.backbone {type(net).__name__}: its head '{name}' is a {kind}, neither "
-                           "nn.Linear nor nn.Conv2d; head_name must name its last nn.Linear or nn.Conv2d "
-                           "(the classification layer)")
+    else:  # an mlp for a Conv2d, or neither kind
+        from project.model.backbone_errors import head_error
+
+        raise head_error(net, name, old, head.kind)
     setattr(parent, child, new)
     if hasattr(net, "num_classes"):
         net.num_classes = num_classes

@@ -10,12 +10,11 @@ import lightning as L
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
-from torchvision.transforms import v2
 
 from project import tasks
 from project.common.preprocessing import Input
 from project.data.unlabeled import split_batch
-from project.errors import ConfigError, require, require_all
+from project.errors import ConfigError, require_all
 from project.model import backbones, schedule
 from project.model.param_groups import make_param_groups
 
@@ -92,7 +91,11 @@ class ImageClassifier(L.LightningModule):
         self.net, self.head_name = built.net, built.head_name
         self.pretrained, self.weights_note = built.pretrained, built.weights_note
         self.lr = lr  # the LR finder reads and writes this attribute
-        self.mixing = batch_mixing(num_classes, mixup_alpha, cutmix_alpha)
+        self.mixing = None
+        if mixup_alpha or cutmix_alpha:
+            from project.model.mixing import batch_mixing
+
+            self.mixing = batch_mixing(num_classes, mixup_alpha, cutmix_alpha)
         self.register_buffer("class_weight", torch.ones(num_classes))  # in the checkpoint, for evaluate
         self.register_buffer("temperature", torch.ones(()))  # fitted by `python -m project calibrate`
         # the data chose the task; it reads hparams when used, as a callback may change them
@@ -140,15 +143,11 @@ class ImageClassifier(L.LightningModule):
         return self.task.loss(logits, target, weight)
 
     def setup(self, stage: str) -> None:
-        weights = self.hparams.class_weights
-        if stage == "fit" and weights is not None:
-            if weights == "balanced":  # from the training split's counts, which the data linked in
-                weights = self.task.label_stats.get("balanced_weights")
-                require(weights is not None, "model.class_weights", "balanced needs the training "
-                        "split's counts (model.label_stats, which the CLI links from the data)", "balanced")
-            require(len(weights) == self.hparams.num_classes, "model.class_weights",
-                    f"needs one weight per class ({self.hparams.num_classes})", weights)
-            self.class_weight.copy_(torch.tensor(weights, dtype=torch.float32))
+        if stage == "fit" and self.hparams.class_weights is not None:
+            from project.model.weighting import class_weights
+
+            self.class_weight.copy_(class_weights(self.hparams.class_weights, self.task.label_stats,
+                                                  self.hparams.num_classes))
 
     def answer_state(self) -> dict:
         """What answers need beside the class names; kept in checkpoints and ONNX metadata."""
@@ -305,15 +304,6 @@ class ImageClassifier(L.LightningModule):
         for config in self.trainer.lr_scheduler_configs:  # the run's lengths are known now
             if isinstance(config.scheduler, schedule.DeferredScheduler):
                 config.scheduler.build(schedule.run_lengths(self.trainer))
-
-
-def batch_mixing(num_classes: int, mixup_alpha: float, cutmix_alpha: float) -> v2.Transform | None:
-    """torchvision's MixUp and/or CutMix on a whole batch (one of the two per batch if both)."""
-    mixes = [m(alpha=a, num_classes=num_classes)
-             for m, a in ((v2.MixUp, mixup_alpha), (v2.CutMix, cutmix_alpha)) if a > 0]
-    if not mixes:
-        return None
-    return mixes[0] if len(mixes) == 1 else v2.RandomChoice(mixes)
 
 
 class _Shared:

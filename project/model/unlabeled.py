@@ -6,11 +6,13 @@ method wants to show once an epoch."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 from torchmetrics import Metric
 
-from project.errors import ConfigError
+from project.errors import ConfigError, require_all
 
 
 class PseudoLabelStats(Metric):
@@ -70,6 +72,19 @@ class FixMatch(nn.Module):
 
 
 OBJECTIVES: dict[str, type[nn.Module]] = {"fixmatch": FixMatch}
+
+
+def check_settings(unlabeled) -> None:
+    """``data.unlabeled``'s settings (:class:`~project.data.unlabeled.Unlabeled`), each in its range."""
+    u = unlabeled
+    require_all(
+        (u.images is None or bool(str(u.images).strip()), "data.unlabeled.images",
+         "must be a folder of images or the labels table (null: none)", u.images),
+        (isinstance(u.ratio, int) and u.ratio >= 1, "data.unlabeled.ratio", "must be an integer >= 1",
+         u.ratio),
+        (0 < u.threshold <= 1, "data.unlabeled.threshold", "must be in (0, 1]", u.threshold),
+        (0 <= u.weight < math.inf, "data.unlabeled.weight", "must be >= 0 (finite)", u.weight))
+    check_method(u.method)
 
 
 def check_method(method: str) -> None:

@@ -40,8 +40,3 @@ def task_class(name: str | None = None):
     """The :class:`~project.tasks.base.Task` subclass of ``name`` (None: the default)."""
     name = check_name(name)
     return load(TASKS.get(name, name), "data.task")
-
-
-def registered() -> list:
-    """Every registered task class, in the table's order (the table reader asks each)."""
-    return [task_class(name) for name in TASKS]

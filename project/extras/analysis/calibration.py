@@ -30,12 +30,12 @@ from torchmetrics.functional.classification import multiclass_calibration_error
 
 from project.checkpoints import (
     calibration_path,
+    check_data_dir,
     checkpoint_task,
     file_sha256,
     read_calibration,
     read_checkpoint,
 )
-from project.common.argv import check_data_dir
 from project.common.files import write_text
 from project.errors import ProjectError
 from project.extras.analysis.predictions import calibrated_probabilities, predict_dataset

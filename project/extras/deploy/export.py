@@ -22,8 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from project.checkpoints import datamodule_for, load_model
-from project.common.argv import check_data_dir
+from project.checkpoints import check_data_dir, datamodule_for, load_model
 from project.common.files import write_text
 from project.data.datasets import ImageDataset, collate_skipping_bad
 from project.errors import ProjectError, require
@@ -44,6 +43,12 @@ def default_out_dir(ckpt: Path) -> Path:
         return Path("exports") / ckpt.stem
 
 
+def eval_dataset(dm, samples: list) -> ImageDataset:
+    """``samples`` of the data module ``dm`` as evaluation sees them (no cache)."""
+    return ImageDataset(samples, dm.transform("val"), on_bad_image=dm.hparams.on_bad_image,
+                        short_side=dm.short_side("val"), target=dm.task_type.target)
+
+
 def check_dataset(dm, n: int) -> ImageDataset:
     """At most ``n`` validation images, a seeded random choice (the same on every export, and
     spread over the classes, not the first folders), through the evaluation transforms:
@@ -52,7 +57,7 @@ def check_dataset(dm, n: int) -> ImageDataset:
     if len(samples) > n:
         keep = np.sort(np.random.default_rng(0).permutation(len(samples))[:n])
         samples = [samples[i] for i in keep]
-    return dm.eval_dataset(samples)
+    return eval_dataset(dm, samples)
 
 
 def parse_batches(text: str) -> tuple[int, ...]:
@@ -200,7 +205,7 @@ def _export_int8(out: Path, dm, n: int, method: str) -> None:
 
     rng = np.random.default_rng(0)
     chosen = [dm.splits.train[i] for i in rng.permutation(len(dm.splits.train))[:n]]
-    images = (x.numpy() for x, _ in batches(dm.eval_dataset(chosen)))
+    images = (x.numpy() for x, _ in batches(eval_dataset(dm, chosen)))
     quantize_int8(out / FILES["onnx"], out / FILES["int8"], images, method)
 
 
