@@ -158,12 +158,12 @@ def test_check_data_finds_resized_cropped_and_reencoded_copies_across_splits(dat
     before = forwarded()
     assert cli(args, tmp_path) == 0
     assert forwarded() == before
-    assert leaks(tmp_path / "out") == {frozenset(p) for p in planted}  # look-alikes are not copies
+    assert leak_pairs(tmp_path / "out") == {frozenset(p) for p in planted}  # look-alikes are not copies
     assert cli([*args, "--near", "0.5", "--pixels", "0"], tmp_path) == 0  # every pair above --near
-    assert len(leaks(tmp_path / "out")) > len(planted)
+    assert len(leak_pairs(tmp_path / "out")) > len(planted)
 
 
-def leaks(out: Path) -> set[frozenset[str]]:
+def leak_pairs(out: Path) -> set[frozenset[str]]:
     """The pairs across splits of check-data's near_duplicates.csv."""
     with open(out / "near_duplicates.csv", newline="") as f:
         return {frozenset((r["image_a"], r["image_b"])) for r in csv.DictReader(f)
