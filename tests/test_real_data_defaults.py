@@ -55,3 +55,13 @@ def test_an_input_size_fourfold_off_the_images_is_a_one_line_notice(tiny_data, c
     assert len(enlarged) == 1 and "median short side is 32 px" in enlarged[0] and "7x" in enlarged[0]
     shrunk = notices(7)
     assert len(shrunk) == 1 and "shrunk 5x" in shrunk[0]
+
+
+def test_model_input_given_a_number_is_the_size_on_the_command_line(tiny_data, tmp_path):
+    from tests.conftest import QUICK, only_run
+
+    args = ["fit", "--config", str(TRAIN_CONFIG), *QUICK, f"--data.data_dir={tiny_data}", "--model.input=40",
+            "--trainer.max_steps=1", "--trainer.limit_val_batches=1", "--trainer.enable_progress_bar=false"]
+    assert cli(args, tmp_path) == 0
+    hparams = yaml.safe_load((only_run(tmp_path / "logs") / "hparams.yaml").read_text())
+    assert "'size': 40," in hparams["model/input"]  # the resolved settings, as one value

@@ -38,7 +38,7 @@ class ImageClassifier(L.LightningModule):
         backbone: str = "resnet18",
         weights: str | None = "DEFAULT",
         head: backbones.Head = backbones.Head(),
-        input: Input = Input(),
+        input: Input | int = Input(),  # an int: the size (model.input: 224)
         optimizer: OptimizerCallable | None = None,
         scheduler: LRSchedulerCallable | None = schedule.WarmupCosine,
         lr: float = 0.01,
