@@ -120,7 +120,8 @@ def linked_preprocessing(backbone: str, weights: str | None, given):
     """The data's preprocessing from the model's settings, as plain values; None where a setting
     is wrong, so that the model names it in one line when it is built."""
     try:
-        given = given.as_dict() if isinstance(given, Namespace) else given
+        if isinstance(given, Namespace):  # a group, or (model.input: Input | int) the class's init_args
+            given = (given.init_args if "init_args" in given else given).as_dict()
         return plain(resolve_preprocessing(backbone, weights, given))
     except (ProjectError, TypeError):
         return None
