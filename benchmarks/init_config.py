@@ -61,7 +61,7 @@ LRS = {"random": (0.05, 0.1), "pretrained": (0.01, 0.03)}
 METRIC = {"single": ("val/acc", "acc", max), "multilabel": ("val/map", "mAP", max),
           "regression": ("val/mae", "MAE", min)}
 BACKBONE = "timm/efficientnet_lite0"
-MOSAICS = {"train": 1200, "val": 400, "test": 400}
+MOSAICS = {"train": 1000, "val": 400, "test": 100}
 
 
 # -- the data ---------------------------------------------------------------------------------------

@@ -218,3 +218,10 @@ def test_init_backbone_is_written_and_sizes_the_input_by_its_own_weights(tiny_da
     config, text = init(tiny_data, tmp_path, "--weights", "null", "--backbone", "mobilenet_v3_small")
     assert value(config, "model.backbone") == "mobilenet_v3_small" and "init --backbone" in text
     fits(tmp_path)
+
+
+def test_random_weights_train_with_the_plain_loops_light_augmentation():
+    scratch, tuned = chosen(survey_of([32]), None), chosen(survey_of([32]), "DEFAULT")
+    assert scratch["data.augmentation.crop_scale"] == [0.8, 1.0]
+    assert scratch["data.augmentation.color_jitter"] == 0
+    assert "data.augmentation.crop_scale" not in tuned and "data.augmentation.color_jitter" not in tuned

@@ -165,7 +165,11 @@ def choices(found: Survey, weights: str | None, backbone: str, name: str,
         why = "random weights: configs/presets/scratch.yaml's"
         schedule = scratch["scheduler"]["init_args"]
         out += [("model.lr", scratch["lr"], f"{why} (every layer is new)"),
-                *[(f"model.scheduler.init_args.{k}", v, why) for k, v in schedule.items()]]
+                *[(f"model.scheduler.init_args.{k}", v, why) for k, v in schedule.items()],
+                ("data.augmentation.crop_scale", [0.8, 1.0], "random weights: crops that keep most of "
+                 "the image, as a plain from-scratch loop (docs/accuracy.md, init's config)"),
+                ("data.augmentation.color_jitter", 0.0, "random weights: no colour jitter, as "
+                 "torchvision's from-scratch recipe")]
     else:
         own = weights_size(backbone, weights)
         if median * 4 < own:
