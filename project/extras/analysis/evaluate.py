@@ -87,9 +87,10 @@ def add_probe(probe: Path, report: Path) -> None:
     scores = json.loads(probe.read_text(encoding="utf-8"))
     lines = ["", "## Linear probe", "", "A linear classifier on the frozen embeddings of "
              f"{scores.get('network')} (`python -m project probe`), beside this model:", "",
-             "| split | probe | fine-tuned |", "|---|---|---|"]
+             f"| split | probe {scores.get('metric', 'acc')} | fine-tuned |", "|---|---|---|"]
+    metric = scores.get("metric", "acc")
     for split in ("val", "test"):
-        probe_acc, tuned = scores.get(f"{split}_acc_probe"), scores.get(f"{split}_acc_finetuned")
+        probe_acc, tuned = scores.get(f"{split}_{metric}_probe"), scores.get(f"{split}_{metric}_finetuned")
         if probe_acc is not None:
             lines.append(f"| {split} | {probe_acc:.4f} | {'-' if tuned is None else f'{tuned:.4f}'} |")
     report.write_text(report.read_text(encoding="utf-8") + "\n".join(lines) + "\n", encoding="utf-8")

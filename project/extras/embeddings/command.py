@@ -63,12 +63,11 @@ def run_folder(ckpt: Path) -> Path:
     return ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
 
 
-def accuracy(probs_or_logits: np.ndarray, labels: np.ndarray) -> float | None:
-    return float((probs_or_logits.argmax(1) == labels).mean()) if len(labels) else None
-
-
 def probe_main(argv: list[str]) -> int:
-    from project.extras.embeddings.linear import fit_linear, single_labels
+    import torch
+
+    from project import tasks
+    from project.extras.embeddings.linear import fit_linear
 
     p = argparse.ArgumentParser(prog="python -m project probe",
                                 description="A linear classifier on the frozen embeddings of the run's "
@@ -83,38 +82,43 @@ def probe_main(argv: list[str]) -> int:
     network, ckpt = network_from_args(a)
     splits = splits or labeled_splits(ckpt, network, a.data_dir, a.labels, a.config)
     parts = {"train": splits.train, "val": splits.val, "test": splits.test}
-    labels = {k: single_labels(v, "probe") for k, v in parts.items()}
-    if not len(labels["train"]) or not (len(labels["val"]) or len(labels["test"])):
+    if not parts["train"] or not (parts["val"] or parts["test"]):
         raise ProjectError("probe needs training images and val or test images to score it")
     paths = [s.path for v in parts.values() for s in v]
     done = embed(paths, network, a.cache, a.batch_size, a.device, a.num_workers)
     row = {p: i for i, p in enumerate(done.paths)}
-    scores: dict = {"network": network.described, "classes": len(splits.classes),
+    # the task's own loss, targets and score: accuracy, mAP, MAE, ... as export compares formats by
+    task_class, n = tasks.task_class(splits.task), len(splits.classes)
+    stats = task_class.summarise_labels([s.label for s in splits.train], n)
+    task = task_class(splits.classes, label_stats=stats)
+    metric, score = task.export_score()
+    metric = metric.removeprefix("val_")
+    scores: dict = {"network": network.described, "classes": n, "metric": metric,
                     "skipped": len(done.skipped)}
     probe = None
     for name, samples in parts.items():
         keep = [i for i, s in enumerate(samples) if s.path in row]
         x = done.features[[row[samples[i].path] for i in keep]] if keep else np.zeros((0, 0))
-        y = labels[name][keep]
+        y = torch.stack([torch.as_tensor(task.target(samples[i].label)) for i in keep]) if keep else None
         if name == "train":
-            probe = fit_linear(x, y, len(splits.classes), a.l2)
-            scores["train_images"] = len(y)
+            probe = fit_linear(x, y, n, a.l2, loss=task.loss)
+            scores["train_images"] = len(keep)
             continue
-        scores[f"{name}_images"] = len(y)
-        scores[f"{name}_acc_probe"] = accuracy(probe.probabilities(x), y) if len(y) else None
-        if done.logits is not None:
-            logits = done.logits[[row[samples[i].path] for i in keep]] if keep else np.zeros((0, 1))
-            scores[f"{name}_acc_finetuned"] = accuracy(logits, y)
+        scores[f"{name}_images"] = len(keep)
+        scores[f"{name}_{metric}_probe"] = score(probe.logits(x), y) if keep else None
+        if done.logits is not None and done.logits.shape[1] == n and keep:  # the network's own classes
+            logits = torch.as_tensor(done.logits[[row[samples[i].path] for i in keep]])
+            scores[f"{name}_{metric}_finetuned"] = score(logits, y)
     out = Path(a.out) if a.out else run_folder(ckpt) if ckpt is not None else Path("logs/probe")
     write_text(out / "probe.json", json.dumps(scores, indent=1))
     print(f"Linear probe on the frozen embeddings of {network.described} "
           f"({scores['train_images']} training images, {done.computed} embedded now):")
     for name in ("val", "test"):
-        if scores.get(f"{name}_acc_probe") is None:
+        if scores.get(f"{name}_{metric}_probe") is None:
             continue
-        tuned = scores.get(f"{name}_acc_finetuned")
+        tuned = scores.get(f"{name}_{metric}_finetuned")
         beside = f" (fine-tuned model: {tuned:.4f})" if tuned is not None else ""
-        print(f"  {name} accuracy: {scores[f'{name}_acc_probe']:.4f} on {scores[f'{name}_images']} "
+        print(f"  {name} {metric}: {scores[f'{name}_{metric}_probe']:.4f} on {scores[f'{name}_images']} "
               f"images{beside}")
     print(f"-> {out / 'probe.json'}")
     return 0

@@ -1,9 +1,11 @@
-"""A linear classifier on frozen embeddings: multinomial logistic regression (softmax cross-entropy,
-L2), fitted full-batch with L-BFGS on standardised features. A few lines of torch instead of a
-scikit-learn dependency; probe fits one, suspects fits one per fold for out-of-fold probabilities."""
+"""A linear layer on frozen embeddings, fitted full-batch with L-BFGS on standardised features
+under L2: with the task's loss (softmax cross-entropy for one class per image, BCE for several
+labels, ...). A few lines of torch instead of a scikit-learn dependency; probe fits one, suspects
+fits one per fold for out-of-fold probabilities."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,9 +24,11 @@ class LinearProbe:
     layer: nn.Linear
 
     @torch.no_grad()
+    def logits(self, features: np.ndarray) -> torch.Tensor:
+        return self.layer((torch.as_tensor(features, dtype=torch.float32) - self.mean) / self.scale)
+
     def probabilities(self, features: np.ndarray) -> np.ndarray:
-        x = (torch.as_tensor(features, dtype=torch.float32) - self.mean) / self.scale
-        return self.layer(x).softmax(-1).numpy()
+        return self.logits(features).softmax(-1).numpy()
 
 
 def single_labels(samples, what: str) -> np.ndarray:
@@ -35,11 +39,12 @@ def single_labels(samples, what: str) -> np.ndarray:
     return np.array([int(s.label) for s in samples], dtype=np.int64)
 
 
-def fit_linear(features: np.ndarray, labels: np.ndarray, num_classes: int, l2: float = 1e-2,
-               steps: int = 200) -> LinearProbe:
-    """Softmax regression with ``l2`` weight decay (of the mean loss): deterministic, seconds on CPU."""
+def fit_linear(features: np.ndarray, labels: np.ndarray | torch.Tensor, num_classes: int, l2: float = 1e-2,
+               steps: int = 200, loss: Callable = nn.functional.cross_entropy) -> LinearProbe:
+    """A linear layer minimising ``loss(logits, labels)`` plus ``l2`` weight decay (of the mean
+    loss): softmax regression by default; deterministic, seconds on CPU."""
     x = torch.as_tensor(features, dtype=torch.float32)
-    y = torch.as_tensor(labels, dtype=torch.long)
+    y = torch.as_tensor(labels)
     mean, scale = x.mean(0), x.std(0, unbiased=False).clamp_min(1e-6)
     x = (x - mean) / scale
     layer = nn.Linear(x.shape[1], num_classes)
@@ -50,9 +55,9 @@ def fit_linear(features: np.ndarray, labels: np.ndarray, num_classes: int, l2: f
 
     def closure() -> torch.Tensor:
         opt.zero_grad()
-        loss = nn.functional.cross_entropy(layer(x), y) + 0.5 * l2 * layer.weight.pow(2).sum()
-        loss.backward()
-        return loss
+        value = loss(layer(x), y) + 0.5 * l2 * layer.weight.pow(2).sum()
+        value.backward()
+        return value
 
     with torch.enable_grad():
         opt.step(closure)
