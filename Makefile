@@ -16,7 +16,7 @@ INPUT  ?= $(DEMO)/test
 DATA_DIR ?= $(DEMO)
 
 .PHONY: help install data init train train-ddp resume evaluate predict export serve check-data overfit \
-        calibrate suspects suggest embed probe lr-find find-batch-size profile test test-fast lint tensorboard bench bench-accuracy bench-multilabel bench-multioutput bench-regression bench-transfer bench-fewer-labels bench-embeddings bench-serve notebooks \
+        calibrate suspects suggest embed probe lr-find find-batch-size profile test test-fast lint tensorboard bench bench-accuracy bench-multilabel bench-multioutput bench-regression bench-transfer bench-fewer-labels bench-embeddings bench-init bench-serve notebooks \
         models resize-data optimize-data bench-photos sweep sweep-worker sweep-report browser servers clean
 
 help: ## List the targets
@@ -164,6 +164,9 @@ bench-fewer-labels: $(STAMP) ## Few labels: supervised vs FixMatch, suggest vs r
 
 bench-embeddings: $(STAMP) ## Embeddings on real digits: near-duplicate recall per --near, suspects vs refit, probe vs fine-tune (over 20 min)
 	$(PY) -m benchmarks.embeddings $(ARGS)
+
+bench-init: $(STAMP) ## init's config vs a plain loop at its better of two LRs, on scikit-image's photos and faces (about 1 h)
+	$(PY) -m benchmarks.init_config $(ARGS)
 
 notebooks: $(STAMP) ## Open Jupyter on the teaching notebooks
 	$(VENV)/bin/pip install --quiet --editable ".[dev,notebooks]"

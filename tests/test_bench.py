@@ -54,6 +54,16 @@ def test_multioutput_bench_quick_compares_each_column_with_its_own_run(capsys):
 
 
 @pytest.mark.slow
+def test_init_bench_quick_scores_inits_config_and_the_plain_loop(capsys):
+    from benchmarks import init_config
+
+    assert init_config.main(["--quick"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| faces | single |"))
+    ours, plain = (float(cell.split()[0]) for cell in row.split("|")[5:7])
+    assert 0 <= ours <= 1 and 0 <= plain <= 1 and "input.size: 32" in row, row  # init's choice named
+
+
+@pytest.mark.slow
 def test_serve_bench_quick_measures_both_batching_modes(capsys):
     from benchmarks import serve
 
