@@ -324,3 +324,23 @@ def test_a_shard_is_read_once_not_once_per_image(tmp_path):
     assert len(known) == rows
     bases = {id(known[h][0].base) for h in hashes}
     assert len(bases) == 1, f"{len(bases)} copies of the shard's features for {rows} rows"
+
+
+@pytest.mark.distributed
+def test_embed_under_torchrun_gives_each_rank_a_share_of_the_images(data, trained_run, tmp_path):
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "project",
+         "embed", str(data), "--ckpt_path", str(trained_run), "--cache", str(cache), "--device", "cpu"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("embedded") == 1, result.stdout  # rank 0 reports, once
+    shards = [np.load(p)["hashes"] for p in cache.rglob("*.npz") if not p.name.startswith(".")]
+    images = len(list(data.rglob("*.png")))
+    assert len(shards) == 2 and sorted(map(len, shards)) == [images // 2, images - images // 2]
+    before = forwarded()
+    assert embed(data, trained_run, tmp_path) == 0  # the cache the two ranks filled is whole
+    assert forwarded() == before

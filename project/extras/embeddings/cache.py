@@ -182,6 +182,15 @@ def compact(folder: Path, known: dict, bad: set[str], shards: list[Path]) -> Non
         shard.unlink(missing_ok=True)
 
 
+def process_group() -> tuple[int, int]:
+    """(rank, world size) of the process group this runs in (torchrun); (0, 1) alone."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0, 1
+    return dist.get_rank(), dist.get_world_size()
+
+
 def embed(paths: list[str], network: Network, cache: str | Path = CACHE_ROOT, batch_size: int = 64,
           device: str | None = None, num_workers: int = 0) -> Embedded:
     """The embeddings of ``paths``: those the cache holds read, the others computed once and added.
@@ -189,6 +198,11 @@ def embed(paths: list[str], network: Network, cache: str | Path = CACHE_ROOT, ba
     global FORWARDED
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     folder = open_cache(Path(cache), network)
+    rank, world = process_group()
+    if world > 1:  # every rank reads the cache as it was before any of them adds to it
+        import torch.distributed as dist
+
+        dist.barrier()
     known, bad, shards = read_shards(folder)
     hashes: list[str | None] = []
     for p in paths:
@@ -201,6 +215,8 @@ def embed(paths: list[str], network: Network, cache: str | Path = CACHE_ROOT, ba
         if h is not None and h not in known and h not in bad:
             todo.setdefault(h, p)
     computed = 0
+    if world > 1:  # each rank embeds its share of what is missing; all read everyone's shards after
+        todo = dict(sorted(todo.items())[rank::world])
     if todo:
         todo_hashes, todo_paths = list(todo), list(todo.values())
         try:
@@ -216,12 +232,17 @@ def embed(paths: list[str], network: Network, cache: str | Path = CACHE_ROOT, ba
         for k, h in enumerate(done):
             known[h] = (features[k].numpy(), None if keep_logits is None else keep_logits[k])
         bad.update(failed)
-        if len(shards) + 1 > COMPACT_AFTER:
-            compact(folder, known, bad, sorted(p for p in folder.glob("*.npz") if not p.name.startswith(".")))
+    if world > 1:
+        total = torch.tensor([computed])
+        dist.all_reduce(total)  # also waits for every rank's shard
+        known, bad, shards = read_shards(folder)
+    if computed and rank == 0 and len(shards) + 1 > COMPACT_AFTER:
+        compact(folder, known, bad, sorted(p for p in folder.glob("*.npz") if not p.name.startswith(".")))
     kept = [i for i, h in enumerate(hashes) if h is not None and h in known]
     skipped = [paths[i] for i, h in enumerate(hashes) if h is None or h not in known]
     rows = [known[hashes[i]] for i in kept]
     features = np.stack([r[0] for r in rows]) if rows else np.zeros((0, 0), np.float32)
     with_logits = network.gives_logits and rows and all(r[1] is not None for r in rows)
     logits = np.stack([r[1] for r in rows]) if with_logits else None
+    computed = int(total) if world > 1 else computed  # by every rank
     return Embedded([paths[i] for i in kept], features, logits, skipped, computed, folder)

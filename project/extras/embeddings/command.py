@@ -44,11 +44,30 @@ def embed_main(argv: list[str]) -> int:
         paths = list_images(a.data_dir)
     if not paths:
         raise ProjectError(f"no image files in '{a.data_dir}'")
+    rank = join_process_group(a)
     network, _ = network_from_args(a)
     start = time.perf_counter()
     done = embed(paths, network, a.cache, a.batch_size, a.device, a.num_workers)
-    print(summary(done, len(paths), time.perf_counter() - start))
+    if rank == 0:
+        print(summary(done, len(paths), time.perf_counter() - start))
     return 0
+
+
+def join_process_group(a: argparse.Namespace) -> int:
+    """Under torchrun (WORLD_SIZE > 1), join its process group, each rank on its own GPU where there
+    are GPUs: embed then computes a share on each. This process's rank (0 alone)."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0
+    import torch
+    import torch.distributed as dist
+
+    gpu = torch.cuda.is_available() and a.device in (None, "cuda")
+    if gpu:
+        a.device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    dist.init_process_group("nccl" if gpu else "gloo")
+    return dist.get_rank()
 
 
 def summary(done: Embedded, total: int, seconds: float) -> str:
