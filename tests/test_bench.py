@@ -119,11 +119,14 @@ def test_embeddings_bench_quick_prints_its_three_tables(capsys):
                   "## Linear probe vs fine-tuning"):
         assert title in out, out
     rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| ")]
-    near = [r for r in rows if re.fullmatch(r" 0\.\d\d ", r[0])]
-    assert [r[0].strip() for r in near] == [f"{t:.2f}" for t in embeddings.THRESHOLDS], out
-    recalls = [float(r[2].strip(" %")) for r in near]
-    assert recalls == sorted(recalls, reverse=True) and 0 <= min(recalls) <= max(recalls) <= 100, out
-    assert re.search(r"(Threshold that finds >= 95 %|No threshold finds)", out), out
+    near = [r for r in rows if re.fullmatch(r" cosine >= 0\.\d\d ", r[0])]
+    assert [r[0].strip() for r in near] == [f"cosine >= {t:.2f}" for t in embeddings.THRESHOLDS], out
+    pixels = [r for r in rows if re.fullmatch(r" cosine >= 0\.\d\d, pixels >= 0\.\d+ ", r[0])]
+    assert len(pixels) >= len(embeddings.PIXEL_GRID), out  # the grid and the default
+    for table in (near, pixels):
+        recalls = [float(r[2].strip(" %")) for r in table]
+        assert recalls == sorted(recalls, reverse=True) and 0 <= min(recalls) <= max(recalls) <= 100, out
+    assert re.search(r"(Meets >= 95 %|Nothing meets)", out), out
     methods = {r[0].strip(): r for r in rows if r[0].strip().startswith(("embeddings,", "refit,"))}
     assert len(methods) == 3, out
     for r in methods.values():
