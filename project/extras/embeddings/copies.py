@@ -24,33 +24,38 @@ def unit(pixels: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-6)
 
 
-def crops(path: str, which: list[tuple[float, float, float, float]] = CROPS) -> np.ndarray | None:
-    """``which`` crops of the image, each SIDE x SIDE grey, as unit rows; None when it won't decode."""
+def square(path: str) -> Image.Image | None:
+    """The image as a BASE x BASE grey square; None when it won't decode."""
     try:
         with Image.open(path) as img:
             img.draft("L", (2 * BASE, 2 * BASE))  # a JPEG decodes at a fraction of its size
-            square = img.convert("L").resize((BASE, BASE), Image.Resampling.BOX)
+            return img.convert("L").resize((BASE, BASE), Image.Resampling.BOX)
     except (OSError, ValueError):
         return None
+
+
+def crops(grey: Image.Image, which: list[tuple[float, float, float, float]] = CROPS) -> np.ndarray:
+    """``which`` crops of a square, each SIDE x SIDE, as unit rows."""
     boxes = [(x0 * BASE, y0 * BASE, (1 - x1) * BASE, (1 - y1) * BASE) for x0, y0, x1, y1 in which]
-    return unit(np.stack([np.asarray(square.resize((SIDE, SIDE), Image.Resampling.BILINEAR, box=box))
+    return unit(np.stack([np.asarray(grey.resize((SIDE, SIDE), Image.Resampling.BILINEAR, box=box))
                           for box in boxes]))
 
 
 def agreement(pairs: list[tuple[str, str]]) -> np.ndarray:
     """For each pair, the highest correlation of one image's crops with the other whole, either way
-    round; 0 where one does not decode. Each image's crops are made once, one image at a time."""
-    whole = {p: crops(p, CROPS[:1]) for p in {p for pair in pairs for p in pair}}
+    round; 0 where one does not decode. Each image is decoded once and cropped once."""
+    squares = {p: square(p) for p in {p for pair in pairs for p in pair}}
+    whole = {p: crops(g, CROPS[:1])[0] for p, g in squares.items() if g is not None}
     best = np.zeros(len(pairs), dtype=np.float32)
     partners: dict[str, list[tuple[int, str]]] = defaultdict(list)
     for k, (a, b) in enumerate(pairs):
         partners[a].append((k, b))
         partners[b].append((k, a))
     for path, others in partners.items():
-        cropped = crops(path)
-        others = [(k, whole[other][0]) for k, other in others if whole[other] is not None]
-        if cropped is None or not others:
+        others = [(k, whole[other]) for k, other in others if other in whole]
+        if path not in whole or not others:
             continue
         ks = np.array([k for k, _ in others])
-        best[ks] = np.maximum(best[ks], (cropped @ np.stack([w for _, w in others]).T).max(axis=0))
+        scores = (crops(squares[path]) @ np.stack([w for _, w in others]).T).max(axis=0)
+        best[ks] = np.maximum(best[ks], scores)
     return best
