@@ -30,3 +30,27 @@ def head_error(net: nn.Module, name: str, old: nn.Module, kind: str) -> WeightsE
     return WeightsError(f"model.backbone {type(net).__name__}: its head '{name}' is a {type(old).__name__}, "
                         "neither nn.Linear nor nn.Conv2d; head_name must name its last nn.Linear or "
                         "nn.Conv2d (the classification layer)")
+
+
+def layer_error(net: nn.Module, name: str) -> WeightsError:
+    """A head name that names no layer: the layers at the deepest part of the name that exists."""
+    parent_name = name.rpartition(".")[0]
+    while parent_name and parent_name not in dict(net.named_modules()):
+        parent_name = parent_name.rpartition(".")[0]
+    parent = net.get_submodule(parent_name) if parent_name else net
+    children = [f"{parent_name}.{n}" if parent_name else n for n, _ in parent.named_children()]
+    shown = ", ".join(children[:8]) + (", ..." if len(children) > 8 else "") if children else "none"
+    return WeightsError(f"head_name '{name}' names no layer of {type(net).__name__} (its layers there: "
+                        f"{shown}): set head_name to its last nn.Linear or nn.Conv2d")
+
+
+def unknown_backbone(name: str, known: list[str]) -> WeightsError:
+    return WeightsError(f"model.backbone '{name}' is not a torchvision classification model; choose one "
+                        f"of: {', '.join(known)}; or a timm model as timm/<name> (list them with: "
+                        "python -m project models PATTERN)")
+
+
+def unknown_weights(name: str, weights: str | None, enum) -> WeightsError:
+    choices = ", ".join(["DEFAULT", *enum.__members__])
+    return WeightsError(f"model.weights '{weights}' is neither a file nor a weights name of "
+                        f"{name}; use a path to a .pth file, null, or one of: {choices}")

@@ -1,7 +1,6 @@
 """The network (torchvision, ``timm/<name>`` or ``package.module:Factory``), its weights and a new
 head; offline, a run goes on from random weights but says so loudly, naming the file to fetch."""
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -11,7 +10,7 @@ import torchvision
 from torch import nn
 
 from project.common.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Input, Preprocessing
-from project.model.sources import (  # noqa: F401 (also read from here)
+from project.model.sources import (
     TIMM_PREFIX,
     Backbone,
     WeightsError,
@@ -21,7 +20,6 @@ from project.model.sources import (  # noqa: F401 (also read from here)
     warn_no_weights,
 )
 
-log = logging.getLogger(__name__)
 IMAGENET_CLASSES = 1000
 HeadKind = Literal["linear", "mlp"]
 
@@ -70,10 +68,9 @@ def build(name: str, weights: str | None, num_classes: int, head: Head = Head(),
         backbone = load_factory(name, weights)
     else:
         if name not in model_names():
-            raise WeightsError(
-                f"model.backbone '{name}' is not a torchvision classification model; choose one "
-                f"of: {', '.join(model_names())}; or a timm model as timm/<name> (list them with: "
-                "python -m project models PATTERN)")
+            from project.model.backbone_errors import unknown_backbone
+
+            raise unknown_backbone(name, model_names())
         net, pretrained, note = load_torchvision(name, weights)
         backbone = Backbone(net, find_head(net), pretrained, note)
     if not (name.startswith(TIMM_PREFIX) and head.kind == "linear"):  # timm made its own new head
@@ -115,9 +112,9 @@ def load_torchvision(name: str, weights: str | None) -> tuple[nn.Module, bool, s
     try:
         spec = enum[weights]
     except KeyError:
-        choices = ", ".join(["DEFAULT", *enum.__members__])
-        raise WeightsError(f"model.weights '{weights}' is neither a file nor a weights name of "
-                           f"{name}; use a path to a .pth file, null, or one of: {choices}") from None
+        from project.model.backbone_errors import unknown_weights
+
+        raise unknown_weights(name, weights, enum) from None
     cached = Path(torch.hub.get_dir()) / "checkpoints" / Path(spec.url).name
     source = f"the torch hub cache ({cached})" if cached.is_file() else "a download"
     try:
@@ -165,13 +162,13 @@ def resolve_preprocessing(backbone: str, weights: str | None, given: Input | dic
     given = Input.of(given)
     base = {"size": 224, "crop_ratio": 0.875, "interpolation": "bilinear", "mean": IMAGENET_MEAN,
             "std": IMAGENET_STD}
-    if ":" in backbone:  # an own network: the given values, else ImageNet's
+    if ":" in backbone or is_scratch(weights):  # an own network or random weights: ImageNet's
         pass
-    elif backbone.startswith(TIMM_PREFIX) and not is_scratch(weights):
+    elif backbone.startswith(TIMM_PREFIX):
         from project.extras import timm_hub
 
         base.update(timm_hub.preprocessing(backbone, str(weights)) or {})
-    elif not is_scratch(weights) and not is_file(str(weights)):
+    elif not is_file(str(weights)):
         try:
             t = torchvision.models.get_model_weights(backbone)[weights].transforms()
             base.update(size=t.crop_size[0], crop_ratio=t.crop_size[0] / t.resize_size[0],
