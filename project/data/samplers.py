@@ -20,16 +20,13 @@ class EpochSampler(DistributedSampler):
 
     def __init__(self, num_items: int, weights: torch.Tensor | None = None, shuffle: bool = True,
                  seed: int = 0, num_replicas: int = 1, rank: int = 0, draws: int | None = None) -> None:
-        # no DistributedSampler.__init__: it needs a dataset and a process group
+        # no DistributedSampler.__init__: it needs a dataset and a process group (its set_epoch is kept)
         self.num_items, self.shuffle, self.seed = num_items, shuffle, seed
         self.num_replicas, self.rank, self.epoch = num_replicas, rank, 0
         self.drop_last = False  # read by Lightning as on a DistributedSampler; never dropped here
         self.weights = None if weights is None else torch.as_tensor(weights, dtype=torch.double)
         self.num_samples = draws or math.ceil(num_items / num_replicas)
         self.total_size = self.num_samples * num_replicas
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def global_draw(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(indices, seeds) of the whole epoch, identical on every rank."""
@@ -60,9 +57,6 @@ class ShardSampler(DistributedSampler):
     def __init__(self, num_items: int, num_replicas: int = 1, rank: int = 0) -> None:
         self.num_items, self.num_replicas, self.rank = num_items, num_replicas, rank
         self.epoch, self.drop_last, self.shuffle = 0, False, False
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def __iter__(self) -> Iterator[int]:
         return iter(range(self.rank, self.num_items, self.num_replicas))
