@@ -7,7 +7,7 @@ from pathlib import Path
 
 from project.common.files import IMAGE_EXTENSIONS, list_images
 from project.data.samples import FolderSplits, Sample  # noqa: F401 (their home for most readers)
-from project.errors import ProjectError, require
+from project.errors import ProjectError, require_all
 
 log = logging.getLogger(__name__)
 STREAMING_MANIFEST = "project.json"  # marks a folder that optimize-data wrote (streamed, not listed)
@@ -69,10 +69,10 @@ def structure_problems(data_dir: str | Path) -> list[str]:
 
 
 def check_fractions(val_fraction: float, test_fraction: float) -> None:
-    require(0 <= val_fraction < 1, "data.val_fraction", "must be in [0, 1)", val_fraction)
-    require(0 <= test_fraction < 1, "data.test_fraction", "must be in [0, 1)", test_fraction)
-    require(val_fraction + test_fraction < 1, "data.val_fraction + data.test_fraction",
-            "must be below 1 (the rest is the training set)", (val_fraction, test_fraction))
+    require_all((0 <= val_fraction < 1, "data.val_fraction", "must be in [0, 1)", val_fraction),
+                (0 <= test_fraction < 1, "data.test_fraction", "must be in [0, 1)", test_fraction),
+                (val_fraction + test_fraction < 1, "data.val_fraction + data.test_fraction",
+                 "must be below 1 (the rest is the training set)", (val_fraction, test_fraction)))
 
 
 def discover(data_dir: str | Path, val_fraction: float = 0.15, test_fraction: float = 0.15,
