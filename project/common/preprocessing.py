@@ -24,13 +24,7 @@ class Input:
     @classmethod
     def of(cls, value: "Input | dict | int") -> "Input":
         """From the config (a group), a checkpoint (a dict) or Python (``input=32``: the size)."""
-        if isinstance(value, dict):
-            unknown = set(value) - set(cls.__dataclass_fields__)
-            if unknown:
-                raise ConfigError(f"model.input has no {', '.join(sorted(unknown))}: its keys are "
-                                  f"{', '.join(cls.__dataclass_fields__)}")
-            return cls(**value)
-        return cls(value) if isinstance(value, int) else value
+        return cls(value) if isinstance(value, int) else from_plain(cls, value, "model.input")
 
 
 @dataclass(frozen=True)
@@ -65,8 +59,13 @@ def plain(record) -> dict:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(record).items()}
 
 
-def from_plain(cls, value):
-    """``value`` as ``cls`` when it is a checkpoint's dict (lists as tuples); else as it is."""
-    if isinstance(value, dict):
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in value.items()})
-    return value
+def from_plain(cls, value, key: str):
+    """``value`` as the dataclass ``cls`` when it is a config group's or checkpoint's dict (lists as
+    tuples); else as it is. A key ``cls`` lacks is one line naming ``key`` and the keys it has."""
+    if not isinstance(value, dict):
+        return value
+    unknown = set(value) - set(cls.__dataclass_fields__)
+    if unknown:
+        raise ConfigError(f"{key} has no {', '.join(sorted(unknown))}: its keys are "
+                          f"{', '.join(cls.__dataclass_fields__)}")
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in value.items()})

@@ -64,15 +64,15 @@ class FolderDataModule(L.LightningDataModule):
             (decode_side in ("auto", "full") or (isinstance(decode_side, int) and decode_side > 0),
              "data.decode_side", "must be auto, full or a number of pixels", decode_side))
         folders.check_fractions(val_fraction, test_fraction)
-        augmentation = from_plain(Augmentation, augmentation)  # a checkpoint stores a dict
+        augmentation = from_plain(Augmentation, augmentation, "data.augmentation")
         if augmentation is not None:
             augmentation.check()
         if isinstance(unlabeled, str):  # data.unlabeled: DIR, short for data.unlabeled.images
             unlabeled = Unlabeled(images=unlabeled)
-        self.unlabeled = (from_plain(Unlabeled, unlabeled) or Unlabeled()).check()
+        self.unlabeled = (from_plain(Unlabeled, unlabeled, "data.unlabeled") or Unlabeled()).check()
         self.save_hyperparameters(logger=False)  # the run summary logs them with the model's
         data_dir = str(data_dir)  # a Path would not load with weights_only
-        self.preprocessing = from_plain(Preprocessing, preprocessing) or Preprocessing()
+        self.preprocessing = from_plain(Preprocessing, preprocessing, "data.preprocessing") or Preprocessing()
         self.hparams.update(data_dir=data_dir, augmentation=augmentation and plain(augmentation),
                             unlabeled=plain(self.unlabeled), preprocessing=plain(self.preprocessing),
                             labels=None if labels is None else str(labels))

@@ -9,7 +9,7 @@ import torch
 import torchvision
 from torch import nn
 
-from project.common.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Input, Preprocessing
+from project.common.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Input, Preprocessing, from_plain
 from project.model.sources import (
     TIMM_PREFIX,
     Backbone,
@@ -36,7 +36,7 @@ class Head:
     @classmethod
     def of(cls, value: "Head | dict | str") -> "Head":
         """A head from the config (a group), a checkpoint (a dict) or Python (``"mlp"``), checked."""
-        head = cls(**value) if isinstance(value, dict) else cls(value) if isinstance(value, str) else value
+        head = cls(value) if isinstance(value, str) else from_plain(cls, value, "model.head")
         if head.kind not in ("linear", "mlp") or head.hidden < 1 or not 0 <= head.dropout < 1:
             raise WeightsError("model.head: kind must be linear or mlp, hidden >= 1 and dropout in [0, 1), "
                                f"got {head}")
