@@ -49,10 +49,6 @@ class Head:
                              nn.Linear(self.hidden, num_classes))
 
 
-def model_names() -> list[str]:
-    return torchvision.models.list_models(module=torchvision.models)
-
-
 def build(name: str, weights: str | None, num_classes: int, head: Head = Head(),
           image_size: int | None = None) -> Backbone:
     """The model with ``weights`` and a new ``num_classes`` head, checked to answer that many values."""
@@ -67,10 +63,11 @@ def build(name: str, weights: str | None, num_classes: int, head: Head = Head(),
 
         backbone = load_factory(name, weights)
     else:
-        if name not in model_names():
+        known = torchvision.models.list_models(module=torchvision.models)
+        if name not in known:
             from project.model.backbone_errors import unknown_backbone
 
-            raise unknown_backbone(name, model_names())
+            raise unknown_backbone(name, known)
         net, pretrained, note = load_torchvision(name, weights)
         backbone = Backbone(net, find_head(net), pretrained, note)
     if not (name.startswith(TIMM_PREFIX) and head.kind == "linear"):  # timm made its own new head

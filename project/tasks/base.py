@@ -33,8 +33,7 @@ class Task:
     train_metric_name: ClassVar[str] = "train/acc"
     temperature_scaling: ClassVar[bool] = False  # calibrate fits a temperature of its outputs
     reads_class_folders: ClassVar[bool] = False  # folders of class subfolders hold its labels
-    # data.unlabeled can train it (with pseudo_labels and per_image_loss)
-    learns_from_unlabeled: ClassVar[bool] = False
+    learns_from_unlabeled: ClassVar[bool] = False  # data.unlabeled trains it (pseudo_labels, per_image_loss)
 
     def __init__(self, names: list[str], loss: str | None = None, settings: Mapping | None = None,
                  label_stats: dict | None = None) -> None:
