@@ -32,18 +32,6 @@ def head_error(net: nn.Module, name: str, old: nn.Module, kind: str) -> WeightsE
                         "nn.Conv2d (the classification layer)")
 
 
-def layer_error(net: nn.Module, name: str) -> WeightsError:
-    """A head name that names no layer: the layers at the deepest part of the name that exists."""
-    parent_name = name.rpartition(".")[0]
-    while parent_name and parent_name not in dict(net.named_modules()):
-        parent_name = parent_name.rpartition(".")[0]
-    parent = net.get_submodule(parent_name) if parent_name else net
-    children = [f"{parent_name}.{n}" if parent_name else n for n, _ in parent.named_children()]
-    shown = ", ".join(children[:8]) + (", ..." if len(children) > 8 else "") if children else "none"
-    return WeightsError(f"head_name '{name}' names no layer of {type(net).__name__} (its layers there: "
-                        f"{shown}): set head_name to its last nn.Linear or nn.Conv2d")
-
-
 def unknown_backbone(name: str, known: list[str]) -> WeightsError:
     return WeightsError(f"model.backbone '{name}' is not a torchvision classification model; choose one "
                         f"of: {', '.join(known)}; or a timm model as timm/<name> (list them with: "

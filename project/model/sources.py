@@ -51,6 +51,11 @@ def head_layer(net: nn.Module, name: str) -> nn.Module:
     try:
         return net.get_submodule(name)
     except AttributeError:
-        from project.model.backbone_errors import layer_error
-
-        raise layer_error(net, name) from None
+        parent_name = name.rpartition(".")[0]
+        while parent_name and parent_name not in dict(net.named_modules()):
+            parent_name = parent_name.rpartition(".")[0]  # the deepest part of the name that exists
+        parent = net.get_submodule(parent_name) if parent_name else net
+        children = [f"{parent_name}.{n}" if parent_name else n for n, _ in parent.named_children()]
+        shown = ", ".join(children[:8]) + (", ..." if len(children) > 8 else "") if children else "none"
+        raise WeightsError(f"head_name '{name}' names no layer of {type(net).__name__} (its layers there: "
+                           f"{shown}): set head_name to its last nn.Linear or nn.Conv2d") from None
