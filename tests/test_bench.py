@@ -59,7 +59,7 @@ def test_init_bench_quick_scores_inits_config_and_the_plain_loop(capsys):
 
     assert init_config.main(["--quick"]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| faces | single |"))
-    ours, plain = (float(cell.split()[0]) for cell in row.split("|")[5:7])
+    ours, plain = (float(cell.split()[0]) for cell in row.split("|")[6:8])
     assert 0 <= ours <= 1 and 0 <= plain <= 1 and "input.size: 32" in row, row  # init's choice named
 
 
