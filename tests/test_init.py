@@ -127,6 +127,9 @@ def test_a_multilabel_table_gets_a_config_that_runs(multilabel_data, tmp_path):
     config, text = init(multilabel_data, tmp_path, "--labels", str(multilabel_data / "labels.csv"),
                         "--weights", "null")
     assert "task multilabel" in text and value(config, "model.input.crop_ratio") == 1.0
+    scratch = yaml.safe_load((Path(__file__).parents[1] / "configs/presets/scratch.yaml").read_text())
+    assert value(config, "model.lr") == 2 * scratch["model"]["lr"]  # BCE's smaller gradients
+    assert "x2 for the multilabel task" in line_of(text, "model.lr")
     fits(tmp_path)
 
 

@@ -30,6 +30,9 @@ class MultiLabel(Task):
     monitor = "val/map"  # val/acc is the exact-match ratio: harsh and bound to the thresholds
     losses = {"bce": bce, "asymmetric": asymmetric}
     default_loss = "bce"
+    # BCE averages over every class's output, so each logit's gradient is a fraction of softmax's;
+    # a plain loop's better LR on multi-label mosaics was twice single-label's (docs/accuracy.md)
+    scratch_lr_scale = 2.0
 
     def __init__(self, names: list[str], loss: str | None = None, settings=None,
                  label_stats: dict | None = None) -> None:
