@@ -165,7 +165,7 @@ bench-fewer-labels: $(STAMP) ## Few labels: supervised vs FixMatch, suggest vs r
 bench-embeddings: $(STAMP) ## Embeddings on real digits: near-duplicate recall per --near, suspects vs refit, probe vs fine-tune (over 20 min)
 	$(PY) -m benchmarks.embeddings $(ARGS)
 
-bench-init: $(STAMP) ## init's config vs a plain loop at its better of two LRs, on scikit-image's photos and faces (about 1 h)
+bench-init: $(STAMP) ## init's config vs a plain loop at its better of two LRs, on scikit-image's photos and faces (hours; ARGS="--tasks single" runs a part)
 	$(PY) -m benchmarks.init_config $(ARGS)
 
 notebooks: $(STAMP) ## Open Jupyter on the teaching notebooks
