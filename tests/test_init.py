@@ -223,8 +223,10 @@ def test_init_backbone_is_written_and_sizes_the_input_by_its_own_weights(tiny_da
     fits(tmp_path)
 
 
-def test_random_weights_train_with_the_plain_loops_light_augmentation():
-    scratch, tuned = chosen(survey_of([32]), None), chosen(survey_of([32]), "DEFAULT")
-    assert scratch["data.augmentation.crop_scale"] == [0.8, 1.0]
-    assert scratch["data.augmentation.color_jitter"] == 0
-    assert "data.augmentation.crop_scale" not in tuned and "data.augmentation.color_jitter" not in tuned
+def test_random_weights_and_small_images_train_with_the_plain_loops_light_augmentation():
+    light = {"data.augmentation.crop_scale": [0.8, 1.0], "data.augmentation.color_jitter": 0}
+    for sides, weights in (([300, 400], None), ([32], None), ([32], "DEFAULT")):
+        picked = chosen(survey_of(sides), weights)
+        assert {k: picked.get(k) for k in light} == light, (sides, weights)
+    photos = chosen(survey_of([300, 400]), "DEFAULT")  # fine-tuned on photos: train.yaml's
+    assert not set(light) & set(photos)

@@ -168,11 +168,7 @@ def choices(found: Survey, weights: str | None, backbone: str, name: str,
         scale, task = found.task.scratch_lr_scale, tasks.check_name(found.splits.task)
         lr_why = f"{why} (every layer is new)" + (f", x{scale:g} for the {task} task" if scale != 1 else "")
         out += [("model.lr", scratch["lr"] * scale, lr_why),
-                *[(f"model.scheduler.init_args.{k}", v, why) for k, v in schedule.items()],
-                ("data.augmentation.crop_scale", [0.8, 1.0], "random weights: crops that keep most of "
-                 "the image, as a plain from-scratch loop (docs/accuracy.md, init's config)"),
-                ("data.augmentation.color_jitter", 0.0, "random weights: no colour jitter, as "
-                 "torchvision's from-scratch recipe")]
+                *[(f"model.scheduler.init_args.{k}", v, why) for k, v in schedule.items()]]
     else:
         own = weights_size(backbone, weights)
         if median * 4 < own:
@@ -182,6 +178,11 @@ def choices(found: Survey, weights: str | None, backbone: str, name: str,
         else:
             size, why = own, f"the weights' own size (the images' median short side is {median} px)"
         out.append(("model.input.size", size, why))
+    if is_scratch(weights) or median <= SMALL:  # photos' crops and jitter, measured in docs/accuracy.md
+        why = "random weights" if is_scratch(weights) else f"small images ({median} px)"
+        out += [("data.augmentation.crop_scale", [0.8, 1.0], f"{why}: crops that keep most of the image, "
+                 "as a plain loop (docs/accuracy.md, init's config)"),
+                ("data.augmentation.color_jitter", 0.0, f"{why}: no colour jitter, as a plain loop")]
     if median <= SMALL:
         out.append(("model.input.crop_ratio", 1.0, f"small images ({median} px): evaluation sees the "
                     "whole image, a center crop would cut their edges"))
