@@ -148,7 +148,6 @@ def round8(x: float) -> int:
 def choices(found: Survey, weights: str | None, backbone: str, name: str,
             own_backbone: bool = False) -> list[tuple[str, object, str]]:
     """(setting, value, what in the data chose it) for every data-derived setting."""
-    from project import tasks
     from project.model.backbones import is_scratch
 
     median = found.median_side
@@ -165,7 +164,7 @@ def choices(found: Survey, weights: str | None, backbone: str, name: str,
         scratch = yaml.safe_load(SCRATCH_PRESET.read_text())["model"]
         why = "random weights: configs/presets/scratch.yaml's"
         schedule = scratch["scheduler"]["init_args"]
-        scale, task = found.task.scratch_lr_scale, tasks.check_name(found.splits.task)
+        scale, task = found.task.scratch_lr_scale, found.task.name
         lr_why = f"{why} (every layer is new)" + (f", x{scale:g} for the {task} task" if scale != 1 else "")
         out += [("model.lr", scratch["lr"] * scale, lr_why),
                 *[(f"model.scheduler.init_args.{k}", v, why) for k, v in schedule.items()]]
