@@ -141,7 +141,8 @@ def test_a_table_of_numbers_gets_a_regression_config_that_runs(count_table, tmp_
     fits(tmp_path)
 
 
-def survey_of(sides: list[int], counts: dict[str, int] | None = None, labels_per_image: int = 1) -> Survey:
+def survey_of(sides: list[int], counts: dict[str, int] | None = None, labels_per_image: int = 1,
+              task: str | None = None) -> Survey:
     """A survey as read from images of ``sides`` px, ``counts`` images per class (no files)."""
     counts = counts or {"a": 10, "b": 10}
     names = list(counts)
@@ -149,7 +150,7 @@ def survey_of(sides: list[int], counts: dict[str, int] | None = None, labels_per
         train = [Sample(f"{n}{i}.png", k) for k, n in enumerate(names) for i in range(counts[n])]
     else:
         train = [Sample(f"{i}.png", [1] * len(names)) for i in range(10)]
-    splits = FolderSplits(names, train, train[:2], train[:2])
+    splits = FolderSplits(names, train, train[:2], train[:2], task)
     return Survey("data/mine", None, splits, ["train", "val", "test"], short_sides=sides)
 
 
@@ -178,6 +179,18 @@ def test_small_images_and_grids_are_evaluated_whole_photos_keep_the_weights_crop
 def test_pretrained_weights_keep_the_fine_tuning_schedule():
     picked = chosen(survey_of([300]), "DEFAULT")
     assert picked["model.weights"] == "DEFAULT" and "model.lr" not in picked
+
+
+def test_multilabel_from_pretrained_weights_gets_the_tasks_higher_lr():
+    """BCE's smaller gradient per logit wants a higher LR from any weights, not only from random ones."""
+    from project.tasks.multilabel.task import MultiLabel
+
+    train = yaml.safe_load((Path(__file__).parents[1] / "configs/train.yaml").read_text())
+    found = survey_of([300], labels_per_image=2, task="multilabel")
+    picked = {key: (v, why) for key, v, why in choices(found, "DEFAULT", "resnet18", "mine")}
+    assert picked["model.lr"][0] == train["model"]["lr"] * MultiLabel.lr_scale > train["model"]["lr"]
+    assert "train.yaml" in picked["model.lr"][1] and "multilabel task" in picked["model.lr"][1]
+    assert "model.scheduler.init_args.warmup_epochs" not in picked  # the fine-tuning schedule stays
 
 
 def test_balancing_starts_past_three_to_one():

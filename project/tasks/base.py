@@ -34,7 +34,8 @@ class Task:
     temperature_scaling: ClassVar[bool] = False  # calibrate fits a temperature of its outputs
     reads_class_folders: ClassVar[bool] = False  # folders of class subfolders hold its labels
     learns_from_unlabeled: ClassVar[bool] = False  # data.unlabeled trains it (pseudo_labels, per_image_loss)
-    scratch_lr_scale: ClassVar[float] = 1.0  # init's LR from random weights: x scratch.yaml's
+    # init's LR: x scratch.yaml's from random weights, x train.yaml's from pretrained ones
+    lr_scale: ClassVar[float] = 1.0
 
     def __init__(self, names: list[str], loss: str | None = None, settings: Mapping | None = None,
                  label_stats: dict | None = None) -> None:

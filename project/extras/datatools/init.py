@@ -164,9 +164,7 @@ def choices(found: Survey, weights: str | None, backbone: str, name: str,
         scratch = yaml.safe_load(SCRATCH_PRESET.read_text())["model"]
         why = "random weights: configs/presets/scratch.yaml's"
         schedule = scratch["scheduler"]["init_args"]
-        scale, task = found.task.scratch_lr_scale, found.task.name
-        lr_why = f"{why} (every layer is new)" + (f", x{scale:g} for the {task} task" if scale != 1 else "")
-        out += [("model.lr", scratch["lr"] * scale, lr_why),
+        out += [lr_choice(found, scratch["lr"], f"{why} (every layer is new)"),
                 *[(f"model.scheduler.init_args.{k}", v, why) for k, v in schedule.items()]]
     else:
         own = weights_size(backbone, weights)
@@ -177,6 +175,9 @@ def choices(found: Survey, weights: str | None, backbone: str, name: str,
         else:
             size, why = own, f"the weights' own size (the images' median short side is {median} px)"
         out.append(("model.input.size", size, why))
+        if found.task.lr_scale != 1:
+            base = yaml.safe_load(TRAIN_CONFIG.read_text())["model"]["lr"]
+            out.append(lr_choice(found, base, "configs/train.yaml's fine-tuning LR"))
     if is_scratch(weights) or median <= SMALL:  # photos' crops and jitter, measured in docs/accuracy.md
         why = "random weights" if is_scratch(weights) else f"small images ({median} px)"
         out += [("data.augmentation.crop_scale", [0.8, 1.0], f"{why}: crops that keep most of the image, "
@@ -201,6 +202,14 @@ def choices(found: Survey, weights: str | None, backbone: str, name: str,
             out.append(("data.test_fraction", 0.15, "the test set for evaluate, split off the same way"))
     out += balance(found)
     return out
+
+
+def lr_choice(found: Survey, base: float, why: str) -> tuple[str, object, str]:
+    """The weights' usual LR times the task's scale: a loss that averages over every output (BCE)
+    gives each logit a smaller gradient than softmax's, so its plain loop wants a higher LR."""
+    scale = found.task.lr_scale
+    task = f", x{scale:g} for the {found.task.name} task" if scale != 1 else ""
+    return ("model.lr", base * scale, why + task)
 
 
 def balance(found: Survey) -> list[tuple[str, object, str]]:
