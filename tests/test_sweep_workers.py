@@ -103,7 +103,9 @@ def test_three_workers_fill_one_study_and_a_killed_worker_s_trial_is_retried(kin
             if "runs in" in _log(logs[0]):  # its study is open: safe to read beside it
                 mine = [t for t in _trials(storage) if t.state == optuna.trial.TrialState.RUNNING
                         and t.user_attrs.get("worker", "").endswith(f":{victim.pid}")]
-                if mine and (Path(mine[0].user_attrs["run_dir"]) / "train.log").stat().st_size > 0:
+                trial_log = Path(mine[0].user_attrs["run_dir"]) / "train.log" if mine else None
+                # the trial is marked running (with its folder) a moment before its log is created
+                if trial_log is not None and trial_log.exists() and trial_log.stat().st_size > 0:
                     killed = mine[0]
                     break
             time.sleep(0.5)
