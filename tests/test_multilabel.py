@@ -145,6 +145,12 @@ BAD_TABLES = {
                       "img/002.png,cross,val\n", "line 4: label cross of 'img/002.png' is unknown"),
     "unknown split": ("image,label,split\nimg/000.png,circle,train\nimg/001.png,dots,valid\n",
                       "line 3: split 'valid'"),
+    "unquoted comma": ("image,label\nimg/000.png,circle\nimg/001.png,big, dots\n",
+                       "line 3: 3 fields for the 2 columns of line 1"),
+    "decimal comma": ("image,value\nimg/000.png,1.5\nimg/001.png,2,5\n",
+                      "line 3: 3 fields for the 2 columns of line 1"),
+    "semicolons": ("image;label\nimg/000.png;circle\n", "(one column: the table is semicolon-separated"),
+    "tabs": ("image\tlabel\nimg/000.png\tcircle\n", "(one column: the table is tab-separated"),
 }
 
 

@@ -17,6 +17,7 @@ from project.tasks.labels import Labels, Row
 
 SPLITS = ("train", "val", "test")
 OWN_COLUMNS = ("image", "split")
+OTHER_SEPARATORS = {";": "semicolon", "\t": "tab"}  # a spreadsheet's other exports: named, not guessed
 
 
 @dataclass
@@ -49,8 +50,10 @@ def labels_of(cls) -> type[Labels]:
 def wrong_columns(path: Path, columns: list[str]) -> str:
     """What a table whose columns no task reads is, and what the tasks read."""
     formats = "; or ".join(labels_of(cls).format for cls in registered_tasks() if labels_of(cls).format)
-    return (f"{path} line 1: columns {', '.join(columns) or 'none'}; expected columns image and {formats}; "
-            "and optionally split (train, val or test)")
+    other = [name for sep, name in OTHER_SEPARATORS.items() if len(columns) == 1 and sep in columns[0]]
+    hint = f" (one column: the table is {other[0]}-separated; save it comma-separated)" if other else ""
+    return (f"{path} line 1: columns {', '.join(columns) or 'none'}{hint}; expected columns image and "
+            f"{formats}; and optionally split (train, val or test)")
 
 
 def choose_task(path: Path, columns: list[str], cells: dict[str, list[str]], task: str) -> tuple[str, Labels]:
@@ -110,6 +113,10 @@ def read_table(path: str | Path, data_dir: str | Path, unlabeled_ok: bool = Fals
         def problem(text: str, line=line) -> None:
             table.problems.append(f"{path} line {line}: {text}")
 
+        if None in row:  # csv's key for the fields past the header's: never silently dropped
+            problem(f"{len(columns) + len(row[None])} fields for the {len(columns)} columns of line 1; "
+                    'quote a value that holds a comma ("a, b")')
+            continue
         label, bad = table.labels.read(row)
         if bad:
             problem(bad)
