@@ -65,3 +65,23 @@ def test_model_input_given_a_number_is_the_size_on_the_command_line(tiny_data, t
     assert cli(args, tmp_path) == 0
     hparams = yaml.safe_load((only_run(tmp_path / "logs") / "hparams.yaml").read_text())
     assert "'size': 40," in hparams["model/input"]  # the resolved settings, as one value
+
+
+def test_files_that_training_does_not_read_are_a_one_line_notice(tiny_data, tmp_path, caplog):
+    import shutil
+
+    def notices(root) -> list[str]:
+        caplog.clear()
+        dm = FolderDataModule(str(root), num_workers=0, cache="none", preprocessing=Preprocessing(32))
+        with caplog.at_level(logging.WARNING, logger="project"):
+            dm.setup("fit")
+        return [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+
+    assert notices(tiny_data) == []
+    data = shutil.copytree(tiny_data, tmp_path / "data")
+    first_class = sorted(p for p in data.rglob("*") if p.is_dir() and any(p.glob("*.png")))[0]
+    for name in ("IMG_0001.HEIC", "IMG_0002.heic", "notes.txt"):  # a phone's photos, beside the PNGs
+        (first_class / name).write_bytes(b"not read")
+    found = notices(data)
+    assert len(found) == 1 and "3 files" in found[0] and "(.heic 2, .txt 1)" in found[0], found
+    assert "check-data" in found[0]

@@ -3,9 +3,10 @@ that say the fix."""
 
 import logging
 import os
+from collections import Counter
 from pathlib import Path
 
-from project.common.files import IMAGE_EXTENSIONS, list_images
+from project.common.files import IMAGE_EXTENSIONS, is_image_file, list_images, walk_files
 from project.data.samples import FolderSplits, Sample  # noqa: F401 (their home for most readers)
 from project.errors import ProjectError, require_all
 
@@ -35,8 +36,26 @@ def layout(root: Path) -> tuple[Path, list[str], dict[str, Path]]:
     return train, class_folders(train), {n: root / n for n in ("val", "test") if (root / n).is_dir()}
 
 
-def scan_split(folder: Path, classes: list[str]) -> list[Sample]:
-    return [Sample(p, label) for label, c in enumerate(classes) for p in list_images(folder / c)]
+def scan_split(folder: Path, classes: list[str], left_out: Counter | None = None) -> list[Sample]:
+    """The images of each class folder; the other files' extensions counted in ``left_out``."""
+    samples = []
+    for label, c in enumerate(classes):
+        for path in walk_files(folder / c):
+            if is_image_file(path):
+                samples.append(Sample(path, label))
+            elif left_out is not None:
+                left_out[Path(path).suffix.lower() or "no extension"] += 1
+    return samples
+
+
+def notice_left_out(left_out: dict[str, int], data_dir: str) -> None:
+    """A notice when the class folders hold files training does not read (a phone's .heic photos)."""
+    if left_out:
+        counts = ", ".join(f"{ext} {n}" for ext, n in sorted(left_out.items(), key=lambda kv: -kv[1]))
+        log.warning("Notice: %d files in the class folders of '%s' are left out, not images by their "
+                    "extension (%s); convert them to one that training reads (%s), or run `python -m "
+                    "project check-data %s` to list them", sum(left_out.values()), data_dir, counts,
+                    " ".join(sorted(IMAGE_EXTENSIONS)), data_dir)
 
 
 def structure_problems(data_dir: str | Path) -> list[str]:
@@ -84,13 +103,15 @@ def discover(data_dir: str | Path, val_fraction: float = 0.15, test_fraction: fl
         raise DataFolderError("; ".join(problems))
     root = Path(data_dir)
     base, classes, split_dirs = layout(root)
-    train = scan_split(base, classes)
-    held = {name: scan_split(folder, classes) for name, folder in split_dirs.items()}
+    left_out: Counter = Counter()
+    train = scan_split(base, classes, left_out)
+    held = {name: scan_split(folder, classes, left_out) for name, folder in split_dirs.items()}
     if base != root and "val" in held:  # the folders as they are
-        return FolderSplits(classes, train, held["val"], held.get("test", []))
+        return FolderSplits(classes, train, held["val"], held.get("test", []), left_out=dict(left_out))
     from project.data.splits import split_off
 
     # one folder, or train/ without val/: test (unless a test/ folder holds it), then val split off
     test = held.get("test")
-    return FolderSplits(classes, *split_off(train, test, val_fraction, test_fraction, seed, base))
+    splits = split_off(train, test, val_fraction, test_fraction, seed, base)
+    return FolderSplits(classes, *splits, left_out=dict(left_out))
 

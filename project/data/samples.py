@@ -1,6 +1,6 @@
 """Samples and splits, below both the folders' reader and the splitter."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -16,3 +16,4 @@ class FolderSplits:
     val: list[Sample]
     test: list[Sample]
     task: str | None = None  # the task the labels describe (project/tasks/); None: class folders' default
+    left_out: dict[str, int] = field(default_factory=dict)  # class folders' non-image files: {ext: count}
