@@ -166,6 +166,16 @@ def test_a_bad_table_is_one_line_naming_the_line_and_writes_nothing(case, multil
     assert expected.split(": ", 1)[1][:20] in capsys.readouterr().out
 
 
+def test_a_windows_path_in_a_table_is_named_with_the_fix(multilabel_data, tmp_path):
+    from project.data.tables import read_table
+
+    table = tmp_path / "labels.csv"
+    table.write_text("image,label\nimg\\000.png,circle\nimg/001.png,dots\n")
+    problems = read_table(table, multilabel_data).problems
+    assert len(problems) == 1 and "line 2: 'img\\000.png' not found" in problems[0]
+    assert "write paths with /" in problems[0]
+
+
 def test_check_data_lists_images_that_no_row_names(multilabel_data, tmp_path, capsys):
     table = tmp_path / "labels.csv"
     table.write_text("image,labels\n" + "".join(f"img/{k:03d}.png,circle dots\n" for k in range(100)))

@@ -129,7 +129,8 @@ def read_table(path: str | Path, data_dir: str | Path, unlabeled_ok: bool = Fals
             continue
         first_line[image] = line
         if not (root / image).is_file():
-            problem(f"'{image}' not found in data.data_dir '{root}'")
+            windows = "; write paths with / (a Windows \\ is part of a name here)" if "\\" in image else ""
+            problem(f"'{image}' not found in data.data_dir '{root}'{windows}")
         if label is None and unlabeled_ok and split in (None, "train"):
             table.unlabeled.append(image)
             continue
