@@ -208,6 +208,24 @@ def test_predict_and_infer_answer_unsure_below_min_confidence(exported, calibrat
         assert all(r["top1"] for r in rows)  # the top classes are still there
 
 
+def test_predict_and_infer_count_the_files_they_leave_out(exported, calibrated, tiny_data, tmp_path, capsys):
+    import shutil
+
+    images = shutil.copytree(tiny_data / "test" / "circle", tmp_path / "photos")
+    (images / "IMG_0001.HEIC").write_bytes(b"a phone's photo")
+    said = "left out: 1 other file (.heic 1), not images by their extension"
+    assert cli(["predict", "--ckpt_path", str(calibrated), "--input", str(images), "--output",
+                str(tmp_path / "torch.csv")], tmp_path) == 0
+    assert said in capsys.readouterr().out
+    onnx_csv = str(tmp_path / "onnx.csv")
+    assert infer_main([str(exported / "model.onnx"), str(images), "--output", onnx_csv]) == 0
+    assert said in capsys.readouterr().out
+    for f in images.glob("*.png"):
+        f.unlink()
+    assert infer_main([str(exported / "model.onnx"), str(images), "--output", str(tmp_path / "x.csv")]) == 2
+    assert said in one_error(capsys.readouterr().err)
+
+
 def test_infer_refuses_a_text_file_and_an_empty_folder_in_one_line(exported, tmp_path, capsys):
     """As predict does: exit 2, one error line, no CSV of error rows."""
     (tmp_path / "notes.txt").write_text("not an image\n")

@@ -75,7 +75,7 @@ def test_files_that_training_does_not_read_are_a_one_line_notice(tiny_data, tmp_
         dm = FolderDataModule(str(root), num_workers=0, cache="none", preprocessing=Preprocessing(32))
         with caplog.at_level(logging.WARNING, logger="project"):
             dm.setup("fit")
-        return [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+        return [r.getMessage() for r in caplog.records if "training leaves them out" in r.getMessage()]
 
     assert notices(tiny_data) == []
     data = shutil.copytree(tiny_data, tmp_path / "data")
@@ -83,5 +83,5 @@ def test_files_that_training_does_not_read_are_a_one_line_notice(tiny_data, tmp_
     for name in ("IMG_0001.HEIC", "IMG_0002.heic", "notes.txt"):  # a phone's photos, beside the PNGs
         (first_class / name).write_bytes(b"not read")
     found = notices(data)
-    assert len(found) == 1 and "3 files" in found[0] and "(.heic 2, .txt 1)" in found[0], found
+    assert len(found) == 1 and "3 other files (.heic 2, .txt 1)" in found[0], found
     assert "check-data" in found[0]

@@ -2,7 +2,8 @@
 
 import os
 import secrets
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -52,9 +53,23 @@ def walk_files(folder: str | Path) -> list[str]:
     return sorted(found)
 
 
-def list_images(path: str | Path) -> list[str]:
-    """Image files below the folder ``path`` (by extension), sorted; a file is itself."""
+def list_images(path: str | Path, left_out: Counter | None = None) -> list[str]:
+    """Image files below the folder ``path`` (by extension), sorted; a file is itself. ``left_out``
+    counts the other files by extension, for :func:`left_out_text`."""
     path = Path(path)
     if path.is_file():
         return [str(path)]
-    return [f for f in walk_files(path) if is_image_file(f)]
+    images = []
+    for f in walk_files(path):
+        if is_image_file(f):
+            images.append(f)
+        elif left_out is not None:
+            left_out[Path(f).suffix.lower() or "no extension"] += 1
+    return images
+
+
+def left_out_text(left_out: Mapping[str, int]) -> str:
+    """The files a listing left out, most common extension first: never dropped without a word."""
+    counts = ", ".join(f"{ext} {n}" for ext, n in sorted(left_out.items(), key=lambda kv: (-kv[1], kv[0])))
+    total = sum(left_out.values())
+    return f"{total} other {'file' if total == 1 else 'files'} ({counts}), not images by their extension"

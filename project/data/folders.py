@@ -6,7 +6,7 @@ import os
 from collections import Counter
 from pathlib import Path
 
-from project.common.files import IMAGE_EXTENSIONS, is_image_file, list_images, walk_files
+from project.common.files import IMAGE_EXTENSIONS, left_out_text, list_images
 from project.data.samples import FolderSplits, Sample  # noqa: F401 (their home for most readers)
 from project.errors import ProjectError, require_all
 
@@ -37,25 +37,16 @@ def layout(root: Path) -> tuple[Path, list[str], dict[str, Path]]:
 
 
 def scan_split(folder: Path, classes: list[str], left_out: Counter | None = None) -> list[Sample]:
-    """The images of each class folder; the other files' extensions counted in ``left_out``."""
-    samples = []
-    for label, c in enumerate(classes):
-        for path in walk_files(folder / c):
-            if is_image_file(path):
-                samples.append(Sample(path, label))
-            elif left_out is not None:
-                left_out[Path(path).suffix.lower() or "no extension"] += 1
-    return samples
+    """The images of each class folder; the other files counted in ``left_out``."""
+    return [Sample(p, label) for label, c in enumerate(classes) for p in list_images(folder / c, left_out)]
 
 
 def notice_left_out(left_out: dict[str, int], data_dir: str) -> None:
     """A notice when the class folders hold files training does not read (a phone's .heic photos)."""
     if left_out:
-        counts = ", ".join(f"{ext} {n}" for ext, n in sorted(left_out.items(), key=lambda kv: -kv[1]))
-        log.warning("Notice: %d files in the class folders of '%s' are left out, not images by their "
-                    "extension (%s); convert them to one that training reads (%s), or run `python -m "
-                    "project check-data %s` to list them", sum(left_out.values()), data_dir, counts,
-                    " ".join(sorted(IMAGE_EXTENSIONS)), data_dir)
+        log.warning("Notice: the class folders of '%s' hold %s: training leaves them out; convert them to "
+                    "one it reads (%s), or run `python -m project check-data %s` to list them", data_dir,
+                    left_out_text(left_out), " ".join(sorted(IMAGE_EXTENSIONS)), data_dir)
 
 
 def structure_problems(data_dir: str | Path) -> list[str]:

@@ -16,13 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 from PIL import Image
 
-from project.common.files import list_images
+from project.common.files import left_out_text, list_images
 from project.common.pixels import DECODE_ERRORS, read_rgb
 from project.common.predictions import error_row, write_csv
 from project.common.preprocessing import Preprocessing
@@ -131,9 +132,11 @@ def main(argv: list[str] | None = None) -> int:
         model = OnnxClassifier(a.model, a.threads)
         if not Path(a.input).exists():
             raise FileNotFoundError(f"'{a.input}' does not exist")
-        paths = list_images(a.input)
+        left_out: Counter = Counter()
+        paths = list_images(a.input, left_out)
+        note = f"; left out: {left_out_text(left_out)}" if left_out else ""
         if not paths:
-            raise FileNotFoundError(f"no image files in '{a.input}'")
+            raise FileNotFoundError(f"no image files in '{a.input}'{note}")
         model.answers.policy(a.min_confidence)  # a bad policy fails before any image is read
         rows = classify(model, paths, a.top_k, min_confidence=a.min_confidence)
     except (ValueError, OSError) as err:  # a missing or foreign model file, a missing input, a bad option
@@ -146,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     write_csv(rows, a.output)
-    print(f"{len(rows) - failed} images classified with {a.model} -> {a.output}")
+    print(f"{len(rows) - failed} images classified with {a.model} -> {a.output}{note}")
     return 0
 
 

@@ -13,12 +13,13 @@ The CSV is the one ``infer.py`` writes from an exported ONNX file.
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 from pathlib import Path
 
 import torch
 
 from project.checkpoints import load_model, read_checkpoint
-from project.common.files import list_images
+from project.common.files import left_out_text, list_images
 from project.common.pixels import DECODE_ERRORS, read_rgb
 from project.common.predictions import error_row, write_csv
 from project.data.datasets import ImageDataset
@@ -31,11 +32,11 @@ from project.runs import resolve_checkpoint
 from project.tasks import answers
 
 
-def input_files(spec: str | Path) -> list[str]:
+def input_files(spec: str | Path, left_out: Counter | None = None) -> list[str]:
     """A single file, or every image file below a folder (sorted), as training lists them."""
     if not Path(spec).exists():
         raise ProjectError(f"--input '{spec}' does not exist")
-    return list_images(spec)
+    return list_images(spec, left_out)
 
 
 def predict_files(model, paths: list[str], top_k: int = 3, batch_size: int = 64,
@@ -87,9 +88,11 @@ def main(argv: list[str]) -> int:
     ckpt = resolve_checkpoint(a.ckpt_path)
     if a.tta == "hflip":
         check_mirror_tta(read_checkpoint(ckpt, mmap=True).get("datamodule_hyper_parameters") or {})
-    paths = input_files(a.input)
+    left_out: Counter = Counter()
+    paths = input_files(a.input, left_out)
+    note = f"; left out: {left_out_text(left_out)}" if left_out else ""
     if not paths:
-        raise ProjectError(f"no image files in '{a.input}'")
+        raise ProjectError(f"no image files in '{a.input}'{note}")
     model = load_model(ckpt)
     rows = predict_files(model, paths, a.top_k, a.batch_size, a.num_workers, a.device, a.tta == "hflip",
                          a.min_confidence)
@@ -98,7 +101,7 @@ def main(argv: list[str]) -> int:
         raise ProjectError(f"--input '{a.input}': no file could be read as an image ({failed[0]['path']}: "
                            f"{failed[0]['error']})")
     write_csv(rows, Path(a.output))
-    print(f"{len(rows) - len(failed)} images classified with {ckpt} -> {a.output}")
+    print(f"{len(rows) - len(failed)} images classified with {ckpt} -> {a.output}{note}")
     for r in failed:
         print(f"  could not read {r['path']}: {r['error']}")
     return 0
