@@ -43,6 +43,18 @@ def test_split_folders_are_used_as_they_are(tiny_data):
     assert (len(dm.splits.train), len(dm.splits.val), len(dm.splits.test)) == (40, 20, 20)
 
 
+def test_a_valid_folder_is_the_validation_split_and_two_of_them_are_an_error(tiny_data, tmp_path):
+    """Roboflow's exports name it valid/; left unread, val would be split off train/ without a word."""
+    data = shutil.copytree(tiny_data, tmp_path / "data")
+    (data / "val").rename(data / "valid")
+    dm = FolderDataModule(data, num_workers=0)
+    assert (len(dm.splits.train), len(dm.splits.val), len(dm.splits.test)) == (40, 20, 20)
+    assert all("/valid/" in s.path for s in dm.splits.val)
+    shutil.copytree(data / "valid", data / "val")
+    with pytest.raises(DataFolderError, match=r"has 2 val folders \(val/, valid/\): keep one"):
+        _ = FolderDataModule(data).num_classes
+
+
 def test_single_folder_gets_a_seeded_stratified_split(flat_data):
     splits = discover(flat_data, val_fraction=0.2, test_fraction=0.1, seed=3)
     sizes = {name: Counter(s.label for s in getattr(splits, name)) for name in ("train", "val", "test")}

@@ -12,6 +12,8 @@ from project.errors import ProjectError, require_all
 
 log = logging.getLogger(__name__)
 STREAMING_MANIFEST = "project.json"  # marks a folder that optimize-data wrote (streamed, not listed)
+# the folders beside train/ that hold a split: Roboflow's exports name the validation folder valid/
+SPLIT_FOLDERS = {"val": ("val", "valid", "validation"), "test": ("test",)}
 LAYOUT_HINT = (
     "Lay the images out as <data_dir>/train/<class>/<image> (with optional val/ and test/ "
     "beside train/), or as <data_dir>/<class>/<image> to have it split for you; "
@@ -28,12 +30,17 @@ def class_folders(root: Path) -> list[str]:
     return sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
 
 
+def split_folders(root: Path) -> dict[str, list[Path]]:
+    """Each held-out split's folders beside ``train/`` (more than one is a structure problem)."""
+    return {split: [root / n for n in names if (root / n).is_dir()] for split, names in SPLIT_FOLDERS.items()}
+
+
 def layout(root: Path) -> tuple[Path, list[str], dict[str, Path]]:
     """(folder holding the training classes, class names, {split: folder}) of ``root``."""
     train = root / "train"
     if not train.is_dir():
         return root, class_folders(root) if root.is_dir() else [], {}
-    return train, class_folders(train), {n: root / n for n in ("val", "test") if (root / n).is_dir()}
+    return train, class_folders(train), {s: found[0] for s, found in split_folders(root).items() if found}
 
 
 def scan_split(folder: Path, classes: list[str], left_out: Counter | None = None) -> list[Sample]:
@@ -58,7 +65,8 @@ def structure_problems(data_dir: str | Path) -> list[str]:
     base, classes, splits = layout(root)
     if not classes:
         return [f"no class folders in '{base}'. {LAYOUT_HINT}"]
-    problems = []
+    problems = [f"'{root}' has {len(found)} {split} folders ({', '.join(f'{f.name}/' for f in found)}): keep "
+                "one" for split, found in split_folders(root).items() if base != root and len(found) > 1]
     if len(classes) < 2:
         problems.append(f"only one class folder ('{classes[0]}') in '{base}': classification "
                         "needs at least two classes")

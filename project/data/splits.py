@@ -135,8 +135,11 @@ def split_off(train: list[Sample], test: list[Sample] | None, val_fraction: floa
 
 def empty_split_fix(data_dir: str, split: str) -> str:
     """How to fill an empty split (beside train/ and val/ folders, only a test/ folder gives a test set)."""
+    from project.data.folders import layout
+
     root = Path(data_dir)
-    if not (root / "train").is_dir() or (split == "test" and not (root / "val").is_dir()):
+    base, _, held = layout(root)
+    if base == root or (split == "test" and "val" not in held):
         if split == "train":
             return "lower data.val_fraction and data.test_fraction, or add images"
         return f"set data.{split}_fraction above 0, or add images"
