@@ -43,15 +43,19 @@ def test_split_folders_are_used_as_they_are(tiny_data):
     assert (len(dm.splits.train), len(dm.splits.val), len(dm.splits.test)) == (40, 20, 20)
 
 
-def test_a_valid_folder_is_the_validation_split_and_two_of_them_are_an_error(tiny_data, tmp_path):
-    """Roboflow's exports name it valid/; left unread, val would be split off train/ without a word."""
-    data = shutil.copytree(tiny_data, tmp_path / "data")
-    (data / "val").rename(data / "valid")
+@pytest.mark.parametrize("names", [("train", "valid", "test"), ("Training", "Validation", "Testing")])
+def test_split_folders_go_by_other_common_names_and_two_for_a_split_fail(names, tiny_data, tmp_path):
+    """Roboflow's exports write valid/, some sets Training/ and Testing/: read as their splits, not
+    as classes or left out without a word."""
+    data = tmp_path / "data"
+    for split, name in zip(("train", "val", "test"), names, strict=True):
+        shutil.copytree(tiny_data / split, data / name)
     dm = FolderDataModule(data, num_workers=0)
+    assert dm.class_names == CLASSES
     assert (len(dm.splits.train), len(dm.splits.val), len(dm.splits.test)) == (40, 20, 20)
-    assert all("/valid/" in s.path for s in dm.splits.val)
-    shutil.copytree(data / "valid", data / "val")
-    with pytest.raises(DataFolderError, match=r"has 2 val folders \(val/, valid/\): keep one"):
+    assert all(f"/{names[1]}/" in s.path for s in dm.splits.val)
+    shutil.copytree(data / names[1], data / "val" if names[1] != "val" else data / "valid")
+    with pytest.raises(DataFolderError, match=r"has 2 val folders \(.*\): keep one"):
         _ = FolderDataModule(data).num_classes
 
 

@@ -12,8 +12,9 @@ from project.errors import ProjectError, require_all
 
 log = logging.getLogger(__name__)
 STREAMING_MANIFEST = "project.json"  # marks a folder that optimize-data wrote (streamed, not listed)
-# the folders beside train/ that hold a split: Roboflow's exports name the validation folder valid/
-SPLIT_FOLDERS = {"val": ("val", "valid", "validation"), "test": ("test",)}
+# a split's folder names, in any case (Roboflow's exports write valid/; some sets Training/, Testing/)
+SPLIT_FOLDERS = {"train": ("train", "training"), "val": ("val", "valid", "validation"),
+                 "test": ("test", "testing")}
 LAYOUT_HINT = (
     "Lay the images out as <data_dir>/train/<class>/<image> (with optional val/ and test/ "
     "beside train/), or as <data_dir>/<class>/<image> to have it split for you; "
@@ -31,16 +32,19 @@ def class_folders(root: Path) -> list[str]:
 
 
 def split_folders(root: Path) -> dict[str, list[Path]]:
-    """Each held-out split's folders beside ``train/`` (more than one is a structure problem)."""
-    return {split: [root / n for n in names if (root / n).is_dir()] for split, names in SPLIT_FOLDERS.items()}
+    """Each split's folders in ``root`` (more than one for a split is a structure problem)."""
+    names = class_folders(root) if root.is_dir() else []
+    return {split: [root / n for n in names if n.lower() in aliases]
+            for split, aliases in SPLIT_FOLDERS.items()}
 
 
 def layout(root: Path) -> tuple[Path, list[str], dict[str, Path]]:
     """(folder holding the training classes, class names, {split: folder}) of ``root``."""
-    train = root / "train"
-    if not train.is_dir():
+    found = split_folders(root)
+    if not found["train"]:
         return root, class_folders(root) if root.is_dir() else [], {}
-    return train, class_folders(train), {s: found[0] for s, found in split_folders(root).items() if found}
+    held = {split: folders[0] for split, folders in found.items() if folders and split != "train"}
+    return found["train"][0], class_folders(found["train"][0]), held
 
 
 def scan_split(folder: Path, classes: list[str], left_out: Counter | None = None) -> list[Sample]:
