@@ -230,6 +230,12 @@ def test_bad_layouts_name_the_folder_and_the_fix(tmp_path, problem):
     assert str(root) in str(info.value) and expected in str(info.value)
 
 
+def test_a_data_set_unpacked_into_a_folder_of_its_own_names_that_folder(tiny_data, tmp_path):
+    inner = shutil.copytree(tiny_data, tmp_path / "data" / "dataset")
+    with pytest.raises(DataFolderError, match=f"set data.data_dir={inner}$"):
+        _ = FolderDataModule(tmp_path / "data").num_classes
+
+
 @pytest.mark.parametrize(("setting", "value", "allowed"), [
     ("batch_size", 0, ">= 1"), ("num_workers", -1, ">= 0"), ("prefetch_factor", 0, ">= 1"),
     ("cache_gb", 0.0, "above 0"), ("val_fraction", -0.1, "[0, 1)"), ("test_fraction", 1.0, "[0, 1)"),

@@ -72,8 +72,11 @@ def structure_problems(data_dir: str | Path) -> list[str]:
     problems = [f"'{root}' has {len(found)} {split} folders ({', '.join(f'{f.name}/' for f in found)}): keep "
                 "one" for split, found in split_folders(root).items() if base != root and len(found) > 1]
     if len(classes) < 2:
+        inner = base / classes[0]  # an archive unpacked into a folder of its own
+        hint = f"; if its subfolders are the classes or splits, set data.data_dir={inner}" if len(
+            class_folders(inner)) > 1 else ""
         problems.append(f"only one class folder ('{classes[0]}') in '{base}': classification "
-                        "needs at least two classes")
+                        f"needs at least two classes{hint}")
     empty = [c for c in classes if not list_images(base / c)]
     if empty:
         problems.append(
