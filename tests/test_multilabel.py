@@ -176,6 +176,14 @@ def test_a_windows_path_in_a_table_is_named_with_the_fix(multilabel_data, tmp_pa
     assert "write paths with /" in problems[0]
 
 
+def test_image_paths_relative_to_the_table_name_its_folder(multilabel_data, tmp_path):
+    from project.data.tables import read_table
+
+    table = multilabel_data / "labels.csv"  # its paths are relative to multilabel_data
+    problems = read_table(table, tmp_path).problems  # data.data_dir left at another folder
+    assert problems and problems[0].endswith(f"set data.data_dir={multilabel_data}")
+
+
 def test_check_data_lists_images_that_no_row_names(multilabel_data, tmp_path, capsys):
     table = tmp_path / "labels.csv"
     table.write_text("image,labels\n" + "".join(f"img/{k:03d}.png,circle dots\n" for k in range(100)))

@@ -77,6 +77,15 @@ def choose_task(path: Path, columns: list[str], cells: dict[str, list[str]], tas
     return name, reader(found, path)
 
 
+def not_found_fix(image: str, table_dir: Path) -> str:
+    """The likely fix for an image path that data.data_dir does not hold."""
+    if "\\" in image:
+        return "; write paths with / (a Windows \\ is part of a name here)"
+    if (table_dir / image).is_file():
+        return f"; the paths are relative to the table's folder: set data.data_dir={table_dir}"
+    return ""
+
+
 def read_table(path: str | Path, data_dir: str | Path, unlabeled_ok: bool = False,
                task: str = "auto") -> Table:
     """Every row of the table with its problems (a missing image, a repeated image, an unknown
@@ -129,8 +138,7 @@ def read_table(path: str | Path, data_dir: str | Path, unlabeled_ok: bool = Fals
             continue
         first_line[image] = line
         if not (root / image).is_file():
-            windows = "; write paths with / (a Windows \\ is part of a name here)" if "\\" in image else ""
-            problem(f"'{image}' not found in data.data_dir '{root}'{windows}")
+            problem(f"'{image}' not found in data.data_dir '{root}'{not_found_fix(image, table.path.parent)}")
         if label is None and unlabeled_ok and split in (None, "train"):
             table.unlabeled.append(image)
             continue
