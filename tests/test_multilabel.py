@@ -143,12 +143,16 @@ BAD_TABLES = {
                       "line 4: 'img/000.png' is listed again (first on line 2)"),
     "unknown label": ("image,label,split\nimg/000.png,circle,train\nimg/001.png,dots,train\n"
                       "img/002.png,cross,val\n", "line 4: label cross of 'img/002.png' is unknown"),
-    "unknown split": ("image,label,split\nimg/000.png,circle,train\nimg/001.png,dots,valid\n",
-                      "line 3: split 'valid'"),
+    "unknown split": ("image,label,split\nimg/000.png,circle,train\nimg/001.png,dots,holdout\n",
+                      "line 3: split 'holdout'"),
     "unquoted comma": ("image,label\nimg/000.png,circle\nimg/001.png,big, dots\n",
                        "line 3: 3 fields for the 2 columns of line 1"),
     "decimal comma": ("image,value\nimg/000.png,1.5\nimg/001.png,2,5\n",
                       "line 3: 3 fields for the 2 columns of line 1"),
+    "repeated column": ("image,label,label\nimg/000.png,circle,dots\n",
+                        "line 1: column label appears more than once"),
+    "one image spelt twice": ("image,label\nimg/000.png,circle\n./img/000.png,dots\n",
+                              "line 3: './img/000.png' is listed again (first on line 2)"),
     "semicolons": ("image;label\nimg/000.png;circle\n", "(one column: the table is semicolon-separated"),
     "tabs": ("image\tlabel\nimg/000.png\tcircle\n", "(one column: the table is tab-separated"),
 }
@@ -182,6 +186,18 @@ def test_image_paths_relative_to_the_table_name_its_folder(multilabel_data, tmp_
     table = multilabel_data / "labels.csv"  # its paths are relative to multilabel_data
     problems = read_table(table, tmp_path).problems  # data.data_dir left at another folder
     assert problems and problems[0].endswith(f"set data.data_dir={multilabel_data}")
+
+
+def test_a_tables_own_columns_and_split_names_read_in_any_case(multilabel_data, tmp_path):
+    from project.data.tables import discover_table
+
+    table = tmp_path / "labels.csv"
+    splits = ["Train"] * 8 + ["Valid", "validation", "TEST", "testing"]
+    table.write_text("Image,label,Split\n" + "".join(
+        f"img/{k:03d}.png,{('circle', 'dots')[k % 2]},{split}\n" for k, split in enumerate(splits)))
+    found = discover_table(table, multilabel_data)
+    assert (len(found.train), len(found.val), len(found.test)) == (8, 2, 2)
+    assert found.classes == ["circle", "dots"]
 
 
 def test_check_data_lists_images_that_no_row_names(multilabel_data, tmp_path, capsys):

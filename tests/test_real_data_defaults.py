@@ -85,3 +85,16 @@ def test_files_that_training_does_not_read_are_a_one_line_notice(tiny_data, tmp_
     found = notices(data)
     assert len(found) == 1 and "3 other files (.heic 2, .txt 1)" in found[0], found
     assert "check-data" in found[0]
+
+
+def test_class_names_that_differ_only_in_case_are_a_one_line_notice(tiny_data, tmp_path, caplog):
+    import shutil
+
+    data = shutil.copytree(tiny_data, tmp_path / "data")
+    for split in ("train", "val", "test"):
+        (data / split / "circle").rename(data / split / "Cross")  # beside cross/
+    dm = FolderDataModule(str(data), num_workers=0, cache="none", preprocessing=Preprocessing(32))
+    with caplog.at_level(logging.WARNING, logger="project"):
+        dm.setup("fit")
+    said = [r.getMessage() for r in caplog.records if "different classes" in r.getMessage()]
+    assert said == ["Notice: 'Cross' and 'cross' are different classes; merge them if they are one"]

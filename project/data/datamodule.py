@@ -200,6 +200,7 @@ class FolderDataModule(L.LightningDataModule):
         if split == "train" and self.world()[1] == 0:  # once a run: input size against the images'
             notice_size_mismatch([s.path for s in samples], self.preprocessing.image_size)
             folders.notice_left_out(self.splits.left_out, self.data_dir)
+            folders.notice_similar_classes(self.class_names)
         side = self.short_side(split)
         return ImageDataset(samples, self.transform(split), self.make_cache(samples, split, side),
                             self.hparams.on_bad_image, short_side=side, target=self.task_type.target)

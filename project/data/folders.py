@@ -31,11 +31,15 @@ def class_folders(root: Path) -> list[str]:
     return sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
 
 
+def split_of(name: str) -> str | None:
+    """The split a folder or a table's split cell names (any case, or a common alias), or None."""
+    return next((split for split, aliases in SPLIT_FOLDERS.items() if name.lower() in aliases), None)
+
+
 def split_folders(root: Path) -> dict[str, list[Path]]:
     """Each split's folders in ``root`` (more than one for a split is a structure problem)."""
     names = class_folders(root) if root.is_dir() else []
-    return {split: [root / n for n in names if n.lower() in aliases]
-            for split, aliases in SPLIT_FOLDERS.items()}
+    return {split: [root / n for n in names if split_of(n) == split] for split in SPLIT_FOLDERS}
 
 
 def layout(root: Path) -> tuple[Path, list[str], dict[str, Path]]:
@@ -58,6 +62,16 @@ def notice_left_out(left_out: dict[str, int], data_dir: str) -> None:
         log.warning("Notice: the class folders of '%s' hold %s: training leaves them out; convert them to "
                     "one it reads (%s), or run `python -m project check-data %s` to list them", data_dir,
                     left_out_text(left_out), " ".join(sorted(IMAGE_EXTENSIONS)), data_dir)
+
+
+def notice_similar_classes(names: list[str]) -> None:
+    """A notice when class names differ only in case or spaces ('Cat' and 'cat'): two classes."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(" ".join(name.casefold().split()), []).append(name)
+    similar = [" and ".join(f"'{n}'" for n in group) for group in groups.values() if len(group) > 1]
+    if similar:
+        log.warning("Notice: %s are different classes; merge them if they are one", "; ".join(similar))
 
 
 def structure_problems(data_dir: str | Path) -> list[str]:

@@ -8,11 +8,12 @@ its columns. Imported only when ``data.labels`` is set; every problem names the 
 from __future__ import annotations
 
 import csv
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from project import tasks
-from project.data.folders import DataFolderError, FolderSplits, Sample, check_fractions
+from project.data.folders import DataFolderError, FolderSplits, Sample, check_fractions, split_of
 from project.tasks.labels import Labels, Row
 
 SPLITS = ("train", "val", "test")
@@ -100,6 +101,7 @@ def read_table(path: str | Path, data_dir: str | Path, unlabeled_ok: bool = Fals
         with open(table.path, newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f)
             columns = [c.strip() for c in reader.fieldnames or []]
+            columns = [c.lower() if c.lower() in OWN_COLUMNS else c for c in columns]  # Image, Split
             reader.fieldnames = columns
             raw = list(enumerate(reader, start=2))
     except UnicodeDecodeError as err:  # a binary file, or another encoding
@@ -109,6 +111,11 @@ def read_table(path: str | Path, data_dir: str | Path, unlabeled_ok: bool = Fals
     if "image" not in columns:
         table.problems.append(wrong_columns(path, columns))
         return table
+    repeated = sorted({c for c in columns if c and columns.count(c) > 1})
+    if repeated:  # csv keeps the last of them alone
+        table.problems.append(f"{path} line 1: column {', '.join(repeated)} appears more than once; "
+                              "give each column its own name")
+        return table
     cells = {c: [(r.get(c) or "") for _, r in raw] for c in columns if c not in OWN_COLUMNS and c}
     try:
         table.task, table.labels = choose_task(table.path, columns, cells, task)
@@ -117,7 +124,8 @@ def read_table(path: str | Path, data_dir: str | Path, unlabeled_ok: bool = Fals
         return table
     first_line: dict[str, int] = {}
     for line, row in raw:
-        image, split = (row.get("image") or "").strip(), (row.get("split") or "").strip() or None
+        image, given_split = (row.get("image") or "").strip(), (row.get("split") or "").strip()
+        split = split_of(given_split) if given_split else None  # Train, valid, validation, ...
 
         def problem(text: str, line=line) -> None:
             table.problems.append(f"{path} line {line}: {text}")
@@ -133,10 +141,11 @@ def read_table(path: str | Path, data_dir: str | Path, unlabeled_ok: bool = Fals
         if not image:
             problem("no image path")
             continue
-        if image in first_line:
-            problem(f"'{image}' is listed again (first on line {first_line[image]}); one row per image")
+        same = os.path.normpath(root / image)  # ./a.jpg and a.jpg: one image, in one split
+        if same in first_line:
+            problem(f"'{image}' is listed again (first on line {first_line[same]}); one row per image")
             continue
-        first_line[image] = line
+        first_line[same] = line
         if not (root / image).is_file():
             problem(f"'{image}' not found in data.data_dir '{root}'{not_found_fix(image, table.path.parent)}")
         if label is None and unlabeled_ok and split in (None, "train"):
@@ -145,8 +154,8 @@ def read_table(path: str | Path, data_dir: str | Path, unlabeled_ok: bool = Fals
         if label is None:
             problem(f"empty label for '{image}' (data.unlabeled.images={path} makes such rows "
                     "unlabeled images)")
-        if split is not None and split not in SPLITS:
-            problem(f"split '{split}' must be train, val or test")
+        if given_split and split is None:
+            problem(f"split '{given_split}' must be train, val or test")
         table.rows.append(Row(line, image, label, split))
     if not table.problems:
         table.problems += table.labels.check(table.rows)
