@@ -252,3 +252,22 @@ def test_gradient_norms_are_each_tensor_s_l2_norm():
     assert norms.dtype == torch.float32 and norms.shape == (3,)
     assert torch.allclose(norms[:2], torch.stack([g.norm() for g in grads[:2]]))
     assert not torch.isfinite(norms[2])
+
+
+def test_a_nearly_black_first_batch_of_12_bit_images_is_a_warning(tiny_data, tmp_path, caplog):
+    """Their values reach 4095 of 65535: read as 16-bit, the brightest pixel is 15 of 255."""
+    from project.data.images import decode
+    from project.data.transforms import eval_transforms
+
+    pre = Preprocessing(32)
+    model = type("M", (), {"preprocessing": pre})()
+    trainer = type("T", (), {"is_global_zero": False, "loggers": []})()
+    twelve_bit = tmp_path / "cell.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 4096, (40, 40)).astype(np.uint16)).save(twelve_bit)
+    assert Image.open(twelve_bit).mode.startswith("I")
+    for path, dark in ((twelve_bit, True), (next(tiny_data.rglob("*.png")), False)):
+        caplog.clear()
+        x = eval_transforms(pre)(decode(str(path), 40))[None]
+        with caplog.at_level(logging.WARNING):
+            Guards().on_train_batch_start(trainer, model, (x, torch.zeros(1)), 0)
+        assert ("first training batch is nearly black" in caplog.text) is dark, caplog.text

@@ -1,6 +1,7 @@
 """Guards that stop a broken run early, naming the layer, step or statistic and the fix."""
 
 import logging
+import math
 
 import lightning as L
 import torch
@@ -12,6 +13,7 @@ from project.data.unlabeled import split_batch
 from project.errors import ProjectError, require
 
 log = logging.getLogger("project")
+DARK = 32  # of 255: a first batch with no brighter pixel is all but black
 
 
 class TrainingHealthError(ProjectError, RuntimeError):
@@ -69,6 +71,13 @@ class Guards(Callback):
         if finite_max > self.max_abs_input:
             log.warning("WARNING: training inputs look un-normalised (values up to %.1f; expected "
                         "roughly -3..3): is the 0..255 -> 0..1 scaling or Normalize missing?", finite_max)
+        pre = getattr(pl_module, "preprocessing", None)  # the brightest pixel, back in 0..255
+        top = [255 * (v * s + m) for v, m, s in zip(stats["max"], pre.mean, pre.std, strict=False)
+               ] if pre is not None else []
+        if top and -math.inf < max(top) < DARK:  # all non-finite: warned above
+            log.warning("WARNING: the first training batch is nearly black (no pixel above %.0f of 255): "
+                        "12- or 14-bit images saved as 16-bit files decode this dark; rescale them to the "
+                        "full range (python -m project check-data names the high-bit ones)", max(top))
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         named = [(n, p.grad) for n, p in pl_module.named_parameters() if p.grad is not None]
