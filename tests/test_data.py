@@ -230,6 +230,12 @@ def test_bad_layouts_name_the_folder_and_the_fix(tmp_path, problem):
     assert str(root) in str(info.value) and expected in str(info.value)
 
 
+def test_a_class_named_train_in_one_folder_stays_a_class(flat_data, tmp_path):
+    data = shutil.copytree(flat_data, tmp_path / "vehicles")
+    (data / "circle").rename(data / "Train")  # images of its own: a class, not the training split
+    assert FolderDataModule(data).class_names == ["Train", "checker", "cross"]
+
+
 def test_a_data_set_unpacked_into_a_folder_of_its_own_names_that_folder(tiny_data, tmp_path):
     inner = shutil.copytree(tiny_data, tmp_path / "data" / "dataset")
     with pytest.raises(DataFolderError, match=f"set data.data_dir={inner}$"):

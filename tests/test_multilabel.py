@@ -151,6 +151,8 @@ BAD_TABLES = {
                       "line 3: 3 fields for the 2 columns of line 1"),
     "repeated column": ("image,label,label\nimg/000.png,circle,dots\n",
                         "line 1: column label appears more than once"),
+    "trailing commas are blank fields": ("image,label,\nimg/000.png,circle,\nimg/000.png,dots,\n",
+                                         "line 3: 'img/000.png' is listed again"),
     "one image spelt twice": ("image,label\nimg/000.png,circle\n./img/000.png,dots\n",
                               "line 3: './img/000.png' is listed again (first on line 2)"),
     "semicolons": ("image;label\nimg/000.png;circle\n", "(one column: the table is semicolon-separated"),
@@ -193,7 +195,7 @@ def test_a_tables_own_columns_and_split_names_read_in_any_case(multilabel_data, 
 
     table = tmp_path / "labels.csv"
     splits = ["Train"] * 8 + ["Valid", "validation", "TEST", "testing"]
-    table.write_text("Image,label,Split\n" + "".join(
+    table.write_text("image,label,Split\n" + "".join(
         f"img/{k:03d}.png,{('circle', 'dots')[k % 2]},{split}\n" for k, split in enumerate(splits)))
     found = discover_table(table, multilabel_data)
     assert (len(found.train), len(found.val), len(found.test)) == (8, 2, 2)

@@ -76,8 +76,8 @@ class Guards(Callback):
                ] if pre is not None else []
         if top and -math.inf < max(top) < DARK:  # all non-finite: warned above
             log.warning("WARNING: the first training batch is nearly black (no pixel above %.0f of 255): "
-                        "12- or 14-bit images saved as 16-bit files decode this dark; rescale them to the "
-                        "full range (python -m project check-data names the high-bit ones)", max(top))
+                        "likely 12-bit images saved as 16-bit files, which decode this dark; rescale them to "
+                        "the full range (python -m project check-data names the high-bit ones)", max(top))
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         named = [(n, p.grad) for n, p in pl_module.named_parameters() if p.grad is not None]

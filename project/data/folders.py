@@ -6,7 +6,7 @@ import os
 from collections import Counter
 from pathlib import Path
 
-from project.common.files import IMAGE_EXTENSIONS, left_out_text, list_images
+from project.common.files import IMAGE_EXTENSIONS, is_image_file, left_out_text, list_images
 from project.data.samples import FolderSplits, Sample  # noqa: F401 (their home for most readers)
 from project.errors import ProjectError, require_all
 
@@ -36,10 +36,21 @@ def split_of(name: str) -> str | None:
     return next((split for split, aliases in SPLIT_FOLDERS.items() if name.lower() in aliases), None)
 
 
+def is_split_folder(folder: Path) -> bool:
+    """``train/`` always; another spelling (``Train/``, ``valid/``) only when it holds class folders
+    and no images of its own: a vehicles set's ``Train/`` is a class."""
+    if folder.name in SPLIT_FOLDERS:
+        return True
+    entries = list(os.scandir(folder))
+    images = any(e.is_file() and is_image_file(e.name) for e in entries)
+    return any(e.is_dir() for e in entries) and not images
+
+
 def split_folders(root: Path) -> dict[str, list[Path]]:
     """Each split's folders in ``root`` (more than one for a split is a structure problem)."""
     names = class_folders(root) if root.is_dir() else []
-    return {split: [root / n for n in names if split_of(n) == split] for split in SPLIT_FOLDERS}
+    return {split: [root / n for n in names if split_of(n) == split and is_split_folder(root / n)]
+            for split in SPLIT_FOLDERS}
 
 
 def layout(root: Path) -> tuple[Path, list[str], dict[str, Path]]:
@@ -81,10 +92,10 @@ def structure_problems(data_dir: str | Path) -> list[str]:
         what = "is a file, not a folder" if root.exists() else "does not exist"
         return [f"data.data_dir '{root}' {what}. {LAYOUT_HINT}"]
     base, classes, splits = layout(root)
-    if not classes:
-        return [f"no class folders in '{base}'. {LAYOUT_HINT}"]
     problems = [f"'{root}' has {len(found)} {split} folders ({', '.join(f'{f.name}/' for f in found)}): keep "
-                "one" for split, found in split_folders(root).items() if base != root and len(found) > 1]
+                "one" for split, found in split_folders(root).items() if len(found) > 1]
+    if problems or not classes:
+        return problems or [f"no class folders in '{base}'. {LAYOUT_HINT}"]
     if len(classes) < 2:
         inner = base / classes[0]  # an archive unpacked into a folder of its own
         hint = f"; if its subfolders are the classes or splits, set data.data_dir={inner}" if len(

@@ -101,7 +101,7 @@ def read_table(path: str | Path, data_dir: str | Path, unlabeled_ok: bool = Fals
         with open(table.path, newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f)
             columns = [c.strip() for c in reader.fieldnames or []]
-            columns = [c.lower() if c.lower() in OWN_COLUMNS else c for c in columns]  # Image, Split
+            columns = ["split" if c.lower() == "split" else c for c in columns]  # Split, SPLIT
             reader.fieldnames = columns
             raw = list(enumerate(reader, start=2))
     except UnicodeDecodeError as err:  # a binary file, or another encoding
@@ -130,7 +130,7 @@ def read_table(path: str | Path, data_dir: str | Path, unlabeled_ok: bool = Fals
         def problem(text: str, line=line) -> None:
             table.problems.append(f"{path} line {line}: {text}")
 
-        if None in row:  # csv's key for the fields past the header's: never silently dropped
+        if any((v or "").strip() for v in row.get(None, ())):  # fields past the header's: never dropped
             problem(f"{len(columns) + len(row[None])} fields for the {len(columns)} columns of line 1; "
                     'quote a value that holds a comma ("a, b")')
             continue
@@ -141,7 +141,7 @@ def read_table(path: str | Path, data_dir: str | Path, unlabeled_ok: bool = Fals
         if not image:
             problem("no image path")
             continue
-        same = os.path.normpath(root / image)  # ./a.jpg and a.jpg: one image, in one split
+        same = os.path.abspath(root / image)  # ./a.jpg and a.jpg: one image, in one split
         if same in first_line:
             problem(f"'{image}' is listed again (first on line {first_line[same]}); one row per image")
             continue
