@@ -238,8 +238,13 @@ def test_a_class_named_train_in_one_folder_stays_a_class(flat_data, tmp_path):
 
 def test_a_data_set_unpacked_into_a_folder_of_its_own_names_that_folder(tiny_data, tmp_path):
     inner = shutil.copytree(tiny_data, tmp_path / "data" / "dataset")
+    mac = tmp_path / "data" / "__MACOSX" / "dataset" / "train" / CLASSES[0]  # a zip made on a Mac
+    mac.mkdir(parents=True)
+    (mac / "._0.png").write_bytes(b"\x00\x05\x16\x07")  # its AppleDouble files: not images
     with pytest.raises(DataFolderError, match=f"set data.data_dir={inner}$"):
         _ = FolderDataModule(tmp_path / "data").num_classes
+    shutil.move(mac.parents[2], inner)  # unpacked one level deeper: never a class or a split
+    assert FolderDataModule(inner).class_names == CLASSES
 
 
 @pytest.mark.parametrize(("setting", "value", "allowed"), [

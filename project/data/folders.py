@@ -27,8 +27,10 @@ class DataFolderError(ProjectError, ValueError):
 
 
 def class_folders(root: Path) -> list[str]:
-    """Sorted subfolder names: the class names, and the label order (index = label)."""
-    return sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    """Sorted subfolder names: the class names, and the label order (index = label). Hidden folders
+    and the ``__MACOSX/`` that a zip made on a Mac unpacks beside its folders are never classes."""
+    return sorted(e.name for e in os.scandir(root)
+                  if e.is_dir() and not e.name.startswith(".") and e.name != "__MACOSX")
 
 
 def split_of(name: str) -> str | None:
