@@ -16,6 +16,8 @@ from project.data import FolderDataModule
 from project.data.demo import make_demo
 from project.data.folders import DataFolderError, discover
 from project.data.samplers import EpochSampler, ShardSampler
+from project.data.samples import Sample
+from project.data.splits import stratified_split
 from project.data.transforms import Augmentation, train_transforms
 from project.errors import ConfigError
 from project.extras.datatools.check_data import scan
@@ -61,14 +63,45 @@ def test_split_folders_go_by_other_common_names_and_two_for_a_split_fail(names, 
 
 def test_single_folder_gets_a_seeded_stratified_split(flat_data):
     splits = discover(flat_data, val_fraction=0.2, test_fraction=0.1, seed=3)
-    sizes = {name: Counter(s.label for s in getattr(splits, name)) for name in ("train", "val", "test")}
-    assert sizes["test"] == {0: 1, 1: 2, 2: 3}  # 10 % of each class
-    assert sizes["val"] == {0: 2, 1: 4, 2: 6}  # 20 % of each class
-    assert sizes["train"] == {0: 7, 1: 14, 2: 21}
+    for name in ("train", "val", "test"):  # every class on every side
+        assert set(Counter(s.label for s in getattr(splits, name))) == {0, 1, 2}
     every = [s.path for name in ("train", "val", "test") for s in getattr(splits, name)]
     assert len(every) == len(set(every)) == 60  # disjoint and complete
     assert discover(flat_data, val_fraction=0.2, test_fraction=0.1, seed=3).val == splits.val
     assert discover(flat_data, val_fraction=0.2, test_fraction=0.1, seed=4).val != splits.val
+
+
+def test_each_class_keeps_about_its_share_in_each_split():
+    samples = [Sample(f"/d/{c}/{i}.jpg", c) for c in range(3) for i in range(400)]
+    keep, held = stratified_split(samples, 0.2, seed=0)
+    for c in range(3):
+        assert 60 <= sum(s.label == c for s in held) <= 100  # 80 expected; 4 standard deviations
+    assert len(keep) + len(held) == 1200 and not {s.path for s in keep} & {s.path for s in held}
+    pair = [Sample("/d/a/1.jpg", 0), Sample("/d/a/2.jpg", 0)]
+    for fraction in (0.01, 0.99):  # a class of two keeps one image on each side
+        assert [len(side) for side in stratified_split(pair, fraction, seed=0)] == [1, 1]
+
+
+def test_images_added_to_a_folder_never_move_a_trained_image_into_val_or_test(flat_data, tmp_path):
+    """The user trains, adds images, and resumes or evaluates: the images trained on must still
+    be training images, and the ones scored must still be scored, wherever the folder now lives."""
+    before = discover(flat_data, val_fraction=0.2, test_fraction=0.1, seed=0)
+    grown = tmp_path / "moved"
+    shutil.copytree(flat_data, grown)
+    for folder in sorted(p for p in grown.iterdir() if p.is_dir()):
+        for i, image in enumerate(sorted(folder.iterdir())):  # as many again, under new names
+            (folder / f"new_{i:03d}{image.suffix}").write_bytes(image.read_bytes() + bytes([i + 1]))
+    after = discover(grown, val_fraction=0.2, test_fraction=0.1, seed=0)
+
+    def sides(found) -> dict[str, str]:
+        return {"/".join(Path(s.path).parts[-2:]): split
+                for split in ("train", "val", "test") for s in getattr(found, split)}
+
+    old, new = sides(before), sides(after)
+    assert len(new) == 2 * len(old)
+    assert all(new[name] == "train" for name, side in old.items() if side == "train")
+    # a scored image goes back to train only where a class had none drawn for a side (one at most)
+    assert sum(new[name] == side for name, side in old.items()) >= len(old) - 3
 
 
 def test_a_train_folder_alone_gets_a_seeded_val_and_test_split(flat_data, tmp_path):
@@ -76,8 +109,6 @@ def test_a_train_folder_alone_gets_a_seeded_val_and_test_split(flat_data, tmp_pa
     shutil.copytree(flat_data, tmp_path / "only" / "train")
     splits = discover(tmp_path / "only", val_fraction=0.2, test_fraction=0.1, seed=3)
     one_folder = discover(flat_data, val_fraction=0.2, test_fraction=0.1, seed=3)
-    assert Counter(s.label for s in splits.test) == {0: 1, 1: 2, 2: 3}  # 10 % of each class
-    assert Counter(s.label for s in splits.val) == {0: 2, 1: 4, 2: 6}
 
     def names(found) -> dict[str, list[str]]:
         return {split: sorted(Path(s.path).name for s in getattr(found, split))
@@ -268,6 +299,11 @@ def test_empty_splits_say_how_to_fill_them(tiny_data, flat_data, tmp_path):
     assert "add a test/ folder" in str(info.value) and "set data.test_fraction" not in str(info.value)
     with pytest.raises(ConfigError, match="set data.test_fraction above 0"):
         FolderDataModule(flat_data, test_fraction=0.0, num_workers=0, cache="none").setup("test")
+    tiny = tmp_path / "two_each"  # a fraction above 0 already: the classes are what is too small
+    for name in ("circle", "cross"):
+        shutil.copytree(flat_data / name, tiny / name, ignore=lambda d, files: sorted(files)[2:])
+    with pytest.raises(ConfigError, match="data.val_fraction is 0.15, but the classes are too small"):
+        FolderDataModule(tiny, num_workers=0, cache="none").setup("fit")
 
 
 def test_demo_is_deterministic_and_imbalance_shrinks_later_classes(tmp_path):

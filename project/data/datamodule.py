@@ -195,10 +195,11 @@ class FolderDataModule(L.LightningDataModule):
         if not samples:
             from project.data.splits import empty_split_fix
 
-            fix = empty_split_fix(self.data_dir, split)
+            fix = empty_split_fix(self.data_dir, split, self.hparams.get(f"{split}_fraction", 0.0))
             raise ConfigError(f"the {split} split of '{self.data_dir}' is empty: {fix}")
         if split == "train" and self.world()[1] == 0:  # once a run: input size against the images'
-            notice_size_mismatch([s.path for s in samples], self.preprocessing.image_size)
+            notice_size_mismatch([s.path for s in samples], self.preprocessing.image_size,
+                                 crop_ratio=self.preprocessing.crop_ratio)
             folders.notice_left_out(self.splits.left_out, self.data_dir)
             folders.notice_similar_classes(self.class_names)
         side = self.short_side(split)

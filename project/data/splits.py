@@ -48,20 +48,32 @@ def units_by_label(samples: list[Sample], groups: list[int] | None = None) -> di
     return dict(sorted(out.items()))
 
 
+def draw(path: str, seed: int) -> float:
+    """A number in [0, 1) fixed by the file's class folder and name and the seed alone, so a file
+    keeps its split when others are added, removed, or the data folder is moved."""
+    key = "/".join(Path(path).parts[-2:])
+    digest = hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
 def stratified_split(samples: list[Sample], fraction: float, seed: int,
                      groups: list[int] | None = None) -> tuple[list[Sample], list[Sample]]:
-    """Move ``fraction`` of every class aside (at least one unit of classes with two or more),
-    whole units at a time."""
-    rng = np.random.default_rng(seed)
+    """Move about ``fraction`` of every class aside, whole units at a time: a unit goes aside when
+    its draw is below ``fraction``, so adding images never moves a trained one into val or test.
+    A class of two or more units keeps at least one on each side (its lowest draw aside); a class
+    of one keeps it for training."""
     keep: list[Sample] = []
     held: list[Sample] = []
     for units in units_by_label(samples, groups).values():
-        order = rng.permutation(len(units))
-        n_held = round(len(units) * fraction)
-        if fraction > 0 and len(units) >= 2:
-            n_held = min(max(n_held, 1), len(units) - 1)
-        held += [samples[i] for u in order[:n_held] for i in units[u]]
-        keep += [samples[i] for u in order[n_held:] for i in units[u]]
+        # a unit's highest draw: a copy added later can move its unit only towards train
+        draws = [max(draw(samples[i].path, seed) for i in u) for u in units]
+        aside = [d < fraction and len(units) >= 2 for d in draws]  # a class of one: all for train
+        if fraction > 0 and len(units) >= 2 and not any(aside):
+            aside[int(np.argmin(draws))] = True
+        if len(units) >= 2 and all(aside):
+            aside[int(np.argmax(draws))] = False
+        held += [samples[i] for u, a in zip(units, aside, strict=True) if a for i in u]
+        keep += [samples[i] for u, a in zip(units, aside, strict=True) if not a for i in u]
     return keep, held
 
 
@@ -133,8 +145,9 @@ def split_off(train: list[Sample], test: list[Sample] | None, val_fraction: floa
     return train, val, test
 
 
-def empty_split_fix(data_dir: str, split: str) -> str:
-    """How to fill an empty split (beside train/ and val/ folders, only a test/ folder gives a test set)."""
+def empty_split_fix(data_dir: str, split: str, fraction: float = 0.0) -> str:
+    """How to fill an empty split (beside train/ and val/ folders, only a test/ folder gives a test
+    set); ``fraction``: the split's share asked for, when it was above 0 the classes are too small."""
     from project.data.folders import layout
 
     root = Path(data_dir)
@@ -142,6 +155,10 @@ def empty_split_fix(data_dir: str, split: str) -> str:
     if base == root or (split == "test" and "val" not in held):
         if split == "train":
             return "lower data.val_fraction and data.test_fraction, or add images"
+        if fraction > 0:
+            return (f"data.{split}_fraction is {fraction}, but the classes are too small to spare an "
+                    "image for it (a class of 3 or more gives one to each of train, val and test): add "
+                    f"images, or lay the data out as train/ and {split}/ folders of class folders")
         return f"set data.{split}_fraction above 0, or add images"
     if split == "test":
         return ("add a test/ folder with the same class folders as train/ (data.test_fraction "
