@@ -54,6 +54,14 @@ class ProjectCLI(LightningCLI):
                          save_config_kwargs={"overwrite": True}, trainer_defaults=defaults,
                          auto_configure_optimizers=False, args=args, run=run)
 
+    def parse_arguments(self, parser, args) -> None:
+        super().parse_arguments(parser, args)
+        sub = self.config.get("subcommand")
+        # what the config and command line ask of the model, before Lightning lays a checkpoint's
+        # hyperparameters over it (checked in before_instantiate_classes)
+        self.asked_model = (self.config[sub].model.clone() if sub and self.config[sub].get("ckpt_path")
+                            else None)
+
     def add_arguments_to_parser(self, parser) -> None:
         # The data decides the classes; the model keeps them for export and predict.
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
@@ -77,6 +85,8 @@ class ProjectCLI(LightningCLI):
         if config.data.get("seed") is None and isinstance(seed, int) and not isinstance(seed, bool):
             config.data.seed = config.seed_everything  # the training draw follows the run's seed
         check_optimizer_lr(config.model)
+        if getattr(self, "asked_model", None) is not None:
+            refuse_model_changes(self.asked_model, config.model, config.ckpt_path)
         trainer = config.trainer
         on_gpu = torch.cuda.is_available() and "cpu" not in str(trainer.get("accelerator") or "auto")
         if not on_gpu and str(trainer.get("precision")) in ("16-mixed", "16") and not cpu_has_bfloat16():
@@ -115,6 +125,15 @@ class ProjectCLI(LightningCLI):
             check_checkpoint_classes(Path(ckpt), self.datamodule.class_names)
         follow_task(self.model, self.trainer)
 
+    def before_fit(self) -> None:
+        """Into a run folder that has one (resume, ``--run_dir``), after every check passed: the
+        CSV logger deletes its ``metrics.csv``, so the rows so far are kept beside it."""
+        csv_log = self.run_dir / "metrics.csv" if self.run_dir else None
+        if csv_log is not None and csv_log.is_file():
+            kept = csv_log.with_name(f"metrics-{len(list(self.run_dir.glob('metrics*.csv'))) - 1}.csv")
+            csv_log.rename(kept)
+            log.info("Notice: the CSV logger starts metrics.csv afresh; the rows so far are in %s", kept)
+
 
 def linked_preprocessing(backbone: str, weights: str | None, given):
     """The data's preprocessing from the model's settings, as plain values; None where a setting
@@ -145,6 +164,29 @@ def check_optimizer_lr(model: Namespace) -> None:
     raise ConfigError(f"model.optimizer.init_args.lr={given} is not read: every parameter group's learning "
                       f"rate comes from model.lr (now {model.get('lr')}, times head_lr_mult for the head); "
                       f"set model.lr={given} instead and leave model.optimizer.init_args.lr out")
+
+
+def refuse_model_changes(asked: Namespace, kept: Namespace, ckpt: str) -> None:
+    """A run continued from a checkpoint keeps the model, optimiser and schedule it was trained
+    with (Lightning reads them from the checkpoint over the config): a model setting asked for
+    otherwise is refused, not silently dropped."""
+    def leaves(tree: dict, prefix: str = "") -> dict:
+        out = {}
+        for key, value in tree.items():
+            if isinstance(value, dict):
+                out.update(leaves(value, f"{prefix}{key}."))
+            else:
+                out[f"{prefix}{key}"] = value
+        return out
+
+    wanted, trained = leaves(asked.as_dict()), leaves(kept.as_dict())
+    changed = [f"model.{k}={wanted[k]} (it has {trained[k]})" for k in sorted(wanted)  # None: auto
+               if k in trained and wanted[k] is not None and wanted[k] != trained[k]]
+    if changed:
+        raise ConfigError(f"checkpoint '{ckpt}' continues the model it was trained with, so "
+                          f"{'; '.join(changed)} would be ignored: drop the setting (the run's own "
+                          "config.yaml has the trained ones), or start a new run without --ckpt_path "
+                          "(model.weights=PATH starts from a checkpoint's weights)")
 
 
 def follow_task(model, trainer) -> None:

@@ -23,11 +23,6 @@ def main(argv: list[str]) -> int:
     run = Path(explicit) if explicit else newest_run()
     ckpt = last_checkpoint(run)
     log.info("Resuming %s from %s", run, ckpt)
-    csv_log = run / "metrics.csv"  # Lightning's CSVLogger deletes it when its folder exists
-    if csv_log.is_file():
-        kept = csv_log.with_name(f"metrics-{len(list(run.glob('metrics*.csv'))) - 1}.csv")
-        csv_log.rename(kept)
-        log.info("Notice: the CSV logger starts metrics.csv afresh; the rows so far are in %s", kept)
     ProjectCLI(args=["fit", "--config", str(run_config(run)), f"--ckpt_path={ckpt}",
                      *(argv[1:] if explicit else argv)], run_dir=run)
     return 0

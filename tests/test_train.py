@@ -72,7 +72,7 @@ def test_a_run_keeps_its_settings_checkpoints_and_dashboards(trained_run):
     assert start.session_start_info.hparams["model/backbone"].string_value == "resnet18"
 
 
-def test_resume_continues_the_run_and_its_loggers_in_the_same_folder(tiny_data, tmp_path):
+def test_resume_continues_the_run_and_its_loggers_in_the_same_folder(tiny_data, tmp_path, capsys):
     """Two loggers (TensorBoard and CSV), AdamW, one epoch, then ``resume`` for a second."""
     loggers = ('--trainer.logger=[{"class_path": "project.callbacks.dashboards.TensorBoard", '
                '"init_args": {"save_dir": "logs", "name": "two"}}, {"class_path": '
@@ -82,6 +82,12 @@ def test_resume_continues_the_run_and_its_loggers_in_the_same_folder(tiny_data, 
     run = tmp_path / "logs" / "two" / "version_0"
     assert {"metrics.csv", "config.yaml", "hparams.yaml", "checkpoints"} <= {p.name for p in run.iterdir()}
     steps = torch.load(run / "checkpoints/last.ckpt", weights_only=True)["global_step"]
+    # the checkpoint's model, optimiser and schedule continue: other settings are refused, not dropped
+    for change in ("--model.lr=0.5", "--model.backbone=resnet34"):
+        assert cli(["resume", change, "--trainer.max_epochs=2"], tmp_path) == 2
+        error = one_error(capsys.readouterr().err)
+        assert f"{change[2:]} (it has " in error and "would be ignored" in error
+    assert sorted(p.name for p in run.glob("metrics*.csv")) == ["metrics.csv"]  # nothing moved
     assert cli(["resume", "--trainer.max_epochs=2"], tmp_path) == 0
     assert sorted(p.name for p in (tmp_path / "logs" / "two").iterdir()) == ["version_0"]
     ckpt = torch.load(run / "checkpoints/last.ckpt", weights_only=True)
