@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -115,6 +116,20 @@ def test_bad_checkpoints_fail_in_one_line_and_leave_nothing(problem, trained_run
     assert cli(["export", "--ckpt_path", str(ckpt), "--out", str(out)], tmp_path) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and str(ckpt) in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_export_refuses_data_of_other_classes_in_one_line(calibrated, tiny_data, tmp_path, capsys):
+    """Scored against other classes' labels every format reads 0 %, and the INT8 check passes."""
+    other = tmp_path / "other"
+    for split in ("train", "val"):
+        for old, new in zip(CLASSES, ["apple", "pear", "plum"], strict=False):
+            shutil.copytree(tiny_data / split / old, other / split / new)
+    out = tmp_path / "out"
+    assert cli(["export", "--ckpt_path", str(calibrated), "--out", str(out), "--data_dir", str(other),
+                "--formats", "onnx"], tmp_path) == 2
+    error = one_error(capsys.readouterr().err)
+    assert "different classes" in error and "apple" in error
     assert not out.exists()
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from project.checkpoints import check_data_dir, datamodule_for, load_model
+from project.checkpoints import check_checkpoint_classes, check_data_dir, datamodule_for, load_model
 from project.common.files import write_text
 from project.data.datasets import ImageDataset, collate_skipping_bad
 from project.errors import ProjectError, require
@@ -130,6 +130,8 @@ def export_checkpoint(ckpt_path: Path, out: Path, formats: list[str], data_dir: 
             raise ProjectError(f"INT8 calibration needs the training images ({err}): pass "
                                "--data_dir DIR") from err
         dm = splits = None
+    if dm is not None:  # accuracies against other classes' labels would read as a broken export
+        check_checkpoint_classes(ckpt_path, dm.class_names)
     if "int8" in formats and "onnx" not in formats:
         formats = ["onnx", *formats]
     size = model.preprocessing.image_size
