@@ -155,6 +155,8 @@ BAD_TABLES = {
                                          "line 3: 'img/000.png' is listed again"),
     "one image spelt twice": ("image,label\nimg/000.png,circle\n./img/000.png,dots\n",
                               "line 3: './img/000.png' is listed again (first on line 2)"),
+    "a label on every image": ("image,labels\nimg/000.png,photo;circle\nimg/001.png,dots;photo\n"
+                               "img/002.png,photo\n", "labels.csv: label 'photo' is on every image"),
     "semicolons": ("image;label\nimg/000.png;circle\n", "(one column: the table is semicolon-separated"),
     "tabs": ("image\tlabel\nimg/000.png\tcircle\n", "(one column: the table is tab-separated"),
 }

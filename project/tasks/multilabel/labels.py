@@ -25,7 +25,13 @@ class SeveralClasses(Labels):
         return (names or None), None
 
     def check(self, rows: list[Row]) -> list[str]:
-        return unknown_in_evaluation(self, rows, lambda label: label)
+        """Also a label on every image: it teaches nothing, and its score reads perfect."""
+        labeled = [r for r in rows if r.label]
+        everywhere = set.intersection(*(set(r.label) for r in labeled)) if len(labeled) > 1 else set()
+        problems = [f"{self.path}: label '{name}' is on every image, so there is nothing to learn about "
+                    "it and its score would read perfect; drop it from the table, or add images without "
+                    "it" for name in sorted(everywhere)]
+        return problems + unknown_in_evaluation(self, rows, lambda label: label)
 
     def names(self, rows: list[Row]) -> list[str]:
         return sorted({n for r in rows for n in r.label})
