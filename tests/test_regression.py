@@ -189,6 +189,11 @@ def test_two_numeric_columns_are_two_outputs(count_data, tmp_path):
     model = load_model(best_ckpt(only_run(tmp_path / "logs")))
     assert model.class_names == ["count", "double"]
     assert model.task.mean[1] == pytest.approx(2 * model.task.mean[0])
+    # the monitored mean is in each output's standard deviations, not in a sum of unlike units
+    last = {k: series[k][-1][1] for k in ("val/mae", "val/per_output/mae/count", "val/per_output/mae/double")}
+    scaled = [last[f"val/per_output/mae/{name}"] / float(model.task.std[j])
+              for j, name in enumerate(["count", "double"])]
+    assert last["val/mae"] == pytest.approx(sum(scaled) / 2, rel=1e-4)
 
 
 @pytest.mark.slow

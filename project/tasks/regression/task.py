@@ -147,14 +147,18 @@ class Regression(Task):
 
 
 class InUnits(Metric):
-    """A torchmetrics metric fed the outputs in the targets' units."""
+    """A torchmetrics metric fed the outputs in the targets' units; with several outputs, in
+    training standard deviations (as the stage metrics' means)."""
 
     def __init__(self, metric: Metric, task: Regression) -> None:
         super().__init__()
         self.metric, self.task = metric, task
 
     def update(self, out: torch.Tensor, target: torch.Tensor) -> None:
-        self.metric.update(self.task.outputs(out), target.float().reshape(len(target), -1))
+        if len(self.task.names) > 1:
+            self.metric.update(out.float(), self.task.standardise(target))
+        else:
+            self.metric.update(self.task.outputs(out), target.float().reshape(len(target), -1))
 
     def compute(self) -> torch.Tensor:
         return self.metric.compute()
@@ -165,9 +169,10 @@ class InUnits(Metric):
 
 
 class RegressionStageMetrics(nn.Module):
-    """What one stage measures, like ``StageMetrics``: MAE, RMSE and R² in the targets' units
-    (the means over outputs; per output too when there are several), and every prediction (the
-    scatter plot)."""
+    """What one stage measures, like ``StageMetrics``: MAE, RMSE and R² in the targets' units, and
+    every prediction (the scatter plot). With several outputs each one's MAE and R² are logged in
+    its units, and ``mae``/``rmse`` are the means in training standard deviations (the best
+    checkpoint is picked on a sum of unlike units otherwise)."""
 
     def __init__(self, stage: str, task: Regression) -> None:
         super().__init__()
@@ -185,7 +190,9 @@ class RegressionStageMetrics(nn.Module):
         true = self.true.compute().reshape(-1, n).double()
         mae, rmse = (pred - true).abs().mean(0), (pred - true).pow(2).mean(0).sqrt()
         r2s = torch.tensor([r2(pred[:, j], true[:, j]) for j in range(n)], dtype=torch.float64)
-        values = {f"{s}/mae": mae.mean(), f"{s}/rmse": rmse.mean(), f"{s}/r2": r2s.mean(),
+        # several outputs: the means in training standard deviations, so kilograms do not drown counts
+        scale = self.task.std.to(pred) if n > 1 else torch.ones(1, dtype=pred.dtype)
+        values = {f"{s}/mae": (mae / scale).mean(), f"{s}/rmse": (rmse / scale).mean(), f"{s}/r2": r2s.mean(),
                   f"{s}/loss": self.loss.compute(), f"{s}/predicted": pred, f"{s}/true": true}
         if n > 1:
             for j, name in enumerate(self.task.names):
