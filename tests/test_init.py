@@ -207,6 +207,30 @@ def test_init_refuses_a_missing_folder_and_an_existing_config_in_one_line(tiny_d
     assert (tmp_path / "cfg.yaml").read_text() == "mine\n"
 
 
+def test_init_writes_no_config_whose_fit_would_stop_at_once(tiny_data, tmp_path, capsys):
+    tiny = tmp_path / "two_each"  # two images a class: one for train, one for test, none for val
+    for name in ("circle", "cross"):
+        shutil.copytree(tiny_data / "train" / name, tiny / name, ignore=lambda d, files: sorted(files)[2:])
+    assert cli(["init", str(tiny), "--out", "cfg.yaml"], tmp_path) == 2
+    assert "the classes are too small to spare an image" in one_error(capsys.readouterr().err)
+    assert not (tmp_path / "cfg.yaml").exists()
+
+
+def test_init_never_overwrites_the_projects_own_configs(tiny_data, tmp_path, capsys):
+    """A data folder named train/ makes configs/train.yaml the default --out: with --force it would
+    replace the template every later init starts from."""
+    from tests.conftest import REPO
+
+    folder = tmp_path / "mine" / "train"
+    shutil.copytree(tiny_data, folder)
+    for own in ("configs/train.yaml", "configs/presets/ddp.yaml"):
+        before = (REPO / own).read_bytes()
+        assert cli(["init", str(folder), "--out", str(REPO / own), "--force"], tmp_path) == 2
+        error = one_error(capsys.readouterr().err)
+        assert "project's own configs" in error and "--out configs/mine-train.yaml" in error
+        assert (REPO / own).read_bytes() == before
+
+
 def test_every_make_target_that_reads_the_config_takes_config():
     """``make train CONFIG=configs/mine.yaml`` (what init prints) runs that config alone, and so does
     every target that reads it; the default is train.yaml with the demo's own settings on top."""

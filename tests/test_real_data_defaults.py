@@ -57,6 +57,29 @@ def test_an_input_size_fourfold_off_the_images_is_a_one_line_notice(tiny_data, c
     assert len(shrunk) == 1 and "shrunk 5x" in shrunk[0]
 
 
+def test_panoramas_say_what_the_square_crop_keeps_in_fit_and_init(tmp_path, caplog, capsys):
+    """8:1 images: the random resized crop falls back to the middle, and evaluation's centre crop
+    keeps a ninth of each; a user whose objects sit at the ends must hear it before training."""
+    from PIL import Image
+
+    for c, colour in enumerate(["red", "blue"]):
+        (tmp_path / "wide" / f"c{c}").mkdir(parents=True)
+        for i in range(6):
+            image = Image.new("RGB", (256, 32), colour)
+            image.putpixel((i, 0), (i, i, i))  # no two files alike (copies would be one unit)
+            image.save(tmp_path / "wide" / f"c{c}" / f"{i}.png")
+    dm = FolderDataModule(str(tmp_path / "wide"), num_workers=0, cache="none", preprocessing=Preprocessing(32))
+    with caplog.at_level(logging.WARNING, logger="project"):
+        dm.setup("fit")
+    shape = [r.getMessage() for r in caplog.records if "times as long as wide" in r.getMessage()]
+    assert len(shape) == 1 and "8.0 times" in shape[0] and "middle 11%" in shape[0]
+    assert cli(["init", str(tmp_path / "wide"), "--out", "cfg.yaml"], tmp_path) == 0
+    assert "The images are 8.0 times as long as wide" in capsys.readouterr().out
+    from project.data.images import aspect_notice
+
+    assert aspect_notice(1.5, 0.875) is None and aspect_notice(2.5, 0.875) is not None
+
+
 def test_model_input_given_a_number_is_the_size_on_the_command_line(tiny_data, tmp_path):
     from tests.conftest import QUICK, only_run
 

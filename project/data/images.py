@@ -16,6 +16,18 @@ from project.common.preprocessing import Preprocessing
 
 log = logging.getLogger(__name__)
 SIZE_NOTICE_FACTOR = 4  # input size and the images' median short side further apart: a notice
+ASPECT_NOTICE = 2.0  # images longer than this many times their short side, on median: a notice
+
+
+def aspect_notice(aspect: float, crop_ratio: float) -> str | None:
+    """What the square crops keep of images ``aspect`` times as long as wide (panoramas, strips,
+    receipts), or None when they are near square: training's random crops fall back to the middle."""
+    if aspect <= ASPECT_NOTICE:
+        return None
+    return (f"the images are {aspect:.1f} times as long as wide on median (panoramas, strips?): the square "
+            f"crops see the middle {100 * crop_ratio / aspect:.0f}% of each in evaluation and at most "
+            f"{100 * 4 / 3 / aspect:.0f}% in training; if what matters lies off the middle, cut each into "
+            "near-square pieces or pad it to a square before training")
 
 def needed_side(pre: Preprocessing, crop_scale: tuple[float, float] | None = None) -> int:
     """The short side to decode at: evaluation's resize side, or one where no training crop is enlarged."""
@@ -25,19 +37,26 @@ def needed_side(pre: Preprocessing, crop_scale: tuple[float, float] | None = Non
     return max(pre.resize_size, math.ceil(need - 1e-9))  # 224 / sqrt(0.25) is 448, not 449
 
 
-def notice_size_mismatch(paths: Sequence[str], image_size: int, sample: int = 64) -> int | None:
+def notice_size_mismatch(paths: Sequence[str], image_size: int, sample: int = 64,
+                         crop_ratio: float = 0.875) -> int | None:
     """A notice when ``model.input.size`` and the training images' median short side (from a
-    sample's headers) differ more than fourfold, easy to miss in a config; the median, or None."""
+    sample's headers) differ more than fourfold, easy to miss in a config, or when the images are
+    far from square; the median, or None."""
     step = max(1, len(paths) // sample)
-    sides = []
+    sides, aspects = [], []
     for path in list(paths)[::step][:sample]:
         try:
-            sides.append(min(decoded_size(path)))
+            size = decoded_size(path)
         except DECODE_ERRORS:
             continue
+        sides.append(min(size))
+        aspects.append(max(size) / max(1, min(size)))
     if not sides:
         return None
     median = int(statistics.median(sides))
+    shape = aspect_notice(statistics.median(aspects), crop_ratio)
+    if shape:
+        log.warning("Notice: %s", shape)
     if image_size > SIZE_NOTICE_FACTOR * median:
         log.warning("Notice: model.input.size=%d, but the training images' median short side is %d px: each "
                     "is enlarged %.0fx; a size nearer theirs trains faster (python -m project init "

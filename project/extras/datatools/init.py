@@ -12,6 +12,7 @@ it. ``python -m project fit --config configs/NAME.yaml`` runs it as it is; edit 
 from __future__ import annotations
 
 import argparse
+import inspect
 import re
 import statistics
 from collections import Counter
@@ -24,6 +25,7 @@ from PIL import Image
 from project.common.files import write_text
 from project.common.preprocessing import Input
 from project.data.folders import DataFolderError, FolderSplits, discover, layout, structure_problems
+from project.data.images import aspect_notice
 from project.data.splits import content_groups
 from project.errors import ConfigError, ProjectError
 
@@ -44,6 +46,7 @@ class Survey:
     splits: FolderSplits
     given_splits: list[str]  # the splits the data holds itself (folders, or the table's split column)
     short_sides: list[int] = field(default_factory=list)  # of the sampled headers
+    aspects: list[float] = field(default_factory=list)  # long side over short side, of the same
     modes: Counter = field(default_factory=Counter)
     copies: int = 0
 
@@ -100,6 +103,9 @@ class Survey:
                          f"modes: {modes}")
         if self.copies:
             lines.append(f"{self.copies} files are byte-identical copies of others (check-data lists them)")
+        shape = aspect_notice(statistics.median(self.aspects), 0.875) if self.aspects else None
+        if shape:
+            lines.append(shape[0].upper() + shape[1:])
         return lines
 
 
@@ -126,6 +132,7 @@ def survey(data_dir: str, labels: str | None = None) -> Survey:
         try:
             with Image.open(path) as img:  # the header only: nothing is decoded
                 found.short_sides.append(min(img.size))
+                found.aspects.append(max(img.size) / max(1, min(img.size)))
                 found.modes[img.mode] += 1
         except (OSError, ValueError):
             found.modes["unreadable"] += 1
@@ -301,6 +308,23 @@ def run_name(data_dir: str) -> str:
     return name or "run"
 
 
+def check_out(out: Path, force: bool, data_dir: str) -> None:
+    """Under configs/, overwrite only a config that init wrote: configs/train.yaml is every init's
+    template, and the demo's, the sweep's and the presets are the project's own (a data folder
+    named train/ would otherwise replace the template of every later init)."""
+    if not out.exists():
+        return
+    other = f"configs/{run_name(str(Path(data_dir).resolve().parent))}-{run_name(data_dir)}.yaml"
+    ours = REPO / "configs" in out.resolve().parents
+    if ours and not out.read_text(errors="replace").startswith("# Written by: python -m project init"):
+        raise ProjectError(f"--out '{out}' is one of the project's own configs, not one that init "
+                           f"wrote: init never overwrites those; give another, e.g. --out {other} "
+                           f"(make init: ARGS=\"--out {other}\")")
+    if not force:
+        raise ProjectError(f"--out '{out}' exists; pass --force to overwrite it (make init: ARGS=--force), "
+                           "or another --out")
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m project init", description=__doc__.split("\n")[0])
     p.add_argument("data", help="the data folder (class folders, train/val/test, or the images of --labels)")
@@ -317,9 +341,14 @@ def main(argv: list[str]) -> int:
                           ".pth, .ckpt or .safetensors file")
     name = run_name(a.data)
     out = Path(a.out or f"configs/{name}.yaml")
-    if out.exists() and not a.force:
-        raise ProjectError(f"--out '{out}' exists; pass --force to overwrite it, or another --out")
+    check_out(out, a.force, a.data)
     found = survey(a.data, a.labels)
+    if not found.splits.val:  # a config whose fit would stop at once is not written
+        from project.data.splits import empty_split_fix
+
+        fraction = inspect.signature(discover).parameters["val_fraction"].default
+        raise DataFolderError(f"the val split of '{a.data}' would be empty: "
+                              f"{empty_split_fix(a.data, 'val', fraction)}")
     backbone = a.backbone or yaml.safe_load(TRAIN_CONFIG.read_text())["model"]["backbone"]
     settings = choices(found, weights, backbone, name, own_backbone=a.backbone is not None)
     command = " ".join(["python -m project init", *argv])
