@@ -102,6 +102,16 @@ def test_non_jpeg_is_reduced_once_too(tmp_path):
     assert np.array_equal(reduced, reference(path, 200))  # no DCT scaling: exactly the one resize
 
 
+def test_a_float_image_in_0_to_1_is_read_at_full_brightness(tmp_path):
+    """Scientific and HDR pipelines write 32-bit float TIFFs in [0, 1]; read as 0..255 they are black."""
+    ramp = np.tile(np.linspace(0, 1, 64, dtype=np.float32), (16, 1))
+    Image.fromarray(ramp, "F").save(tmp_path / "ramp.tif")
+    rgb = read_rgb(str(tmp_path / "ramp.tif"))
+    assert rgb.shape == (16, 64, 3) and rgb[0, 0, 0] == 0 and rgb[0, -1, 0] == 255
+    Image.fromarray(ramp * 200, "F").save(tmp_path / "eight_bit.tif")  # floats of 8-bit values: kept
+    assert read_rgb(str(tmp_path / "eight_bit.tif"))[0, -1, 0] == 200
+
+
 def test_small_images_are_not_enlarged(tmp_path):
     path = photo(tmp_path / "small.jpg", 300, 200)
     assert read_rgb(str(path), 256).shape == (200, 300, 3)
