@@ -160,10 +160,21 @@ def datamodule_for(ckpt_path: str | Path, model, data_dir: str | None = None):
     settings["data_dir"] = data_dir or settings.get("data_dir")
     if not settings["data_dir"]:
         raise CheckpointError(f"'{ckpt_path}' does not say which data it was trained on: pass --data_dir DIR")
+    check_trained_data_dir(ckpt_path, settings["data_dir"], "--data_dir ", given=data_dir is not None)
     return FolderDataModule(**{**settings, "cache": "none", "preprocessing": model.preprocessing})
+
+
+def check_trained_data_dir(ckpt_path: str | Path, data_dir: str, option: str, given: bool = False) -> None:
+    """The folder a checkpoint's run was trained on, gone (moved, or another machine): one line
+    saying how to point the command at its new place (``option``: the command's setting for it,
+    as written before the value)."""
+    if given or "://" in data_dir or Path(data_dir).expanduser().exists():
+        return
+    raise CheckpointError(f"'{ckpt_path}' was trained on the images in '{data_dir}', which is not there "
+                          f"now (moved, or another machine): pass their new place, {option}NEW_FOLDER")
 
 
 def check_data_dir(data_dir: str | None) -> None:
     """A command's ``--data_dir`` that is not a folder: one line before any model is loaded."""
-    if data_dir and "://" not in data_dir and not Path(data_dir).is_dir():
+    if data_dir and "://" not in data_dir and not Path(data_dir).expanduser().is_dir():
         raise ConfigError(f"--data_dir '{data_dir}' is not a folder: pass the images' folder")

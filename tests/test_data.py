@@ -315,3 +315,11 @@ def test_demo_is_deterministic_and_imbalance_shrinks_later_classes(tmp_path):
     assert [len(list((a / "train" / c).iterdir())) for c in ("checker", "circle", "cross")] == [6, 4, 3]
     with pytest.raises(FileExistsError):
         make_demo(tmp_path / "a", 6, 2, 2, image_size=24, num_classes=3)
+
+
+def test_a_data_dir_starting_with_a_tilde_is_the_home_folder(tiny_data, tmp_path, monkeypatch):
+    """``--data.data_dir=~/photos``: the shell leaves that ~ alone."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    shutil.copytree(tiny_data, tmp_path / "photos")
+    dm = FolderDataModule("~/photos", num_workers=0, cache="none")
+    assert dm.class_names == CLASSES and dm.hparams.data_dir == str(tmp_path / "photos")

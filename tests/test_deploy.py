@@ -87,6 +87,10 @@ def test_check_images_and_timing_batches_bound_and_state_the_work(calibrated, ti
         assert row["val_acc"] * 5 == pytest.approx(round(row["val_acc"] * 5)), name  # k right of 5
     md = (out / "export_report.md").read_text()
     assert "on 5 of 20 validation images" in md and "| latency b1 (ms) | latency b4 (ms) |" in md
+    (out / "model.pt2").write_bytes(b"an earlier export's")  # of a format not exported now: removed
+    assert cli(["export", "--ckpt_path", str(calibrated), "--out", str(out), "--formats", "onnx",
+                "--check_images", "1", "--repeats", "1"], tmp_path) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["export_report.json", "export_report.md", "model.onnx"]
 
 
 @pytest.mark.parametrize(("option", "value"), [("--check_images", "0"), ("--check_images", "-3"),
@@ -131,6 +135,49 @@ def test_export_refuses_data_of_other_classes_in_one_line(calibrated, tiny_data,
     error = one_error(capsys.readouterr().err)
     assert "different classes" in error and "apple" in error
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("command", "option", "value", "says"), [
+    ("predict", "--top_k", "0", "must be >= 1, got 0"),
+    ("predict", "--batch_size", "0", "must be >= 1, got 0"),
+    ("predict", "--device", "cuda:7", "GPU"),
+    ("predict", "--device", "tpu", "is not a device"),
+    ("calibrate", "--batch_size", "-1", "must be >= 1, got -1"),
+    ("serve", "--top_k", "-2", "must be >= 1, got -2"),
+    ("serve", "--workers", "0", "must be >= 1, got 0"),
+    ("serve", "--accelerator", "cuda:7", "GPU"),
+    ("infer.py", "--top_k", "0", "must be >= 1, got 0"),
+])
+def test_bad_answer_and_device_options_are_refused_naming_the_option(command, option, value, says,
+                                                                      calibrated, tmp_path, capsys):
+    """Before any model loads: not an IndexError per image, an HTTP 500, or a CUDA traceback."""
+    if command == "infer.py":
+        with pytest.raises(SystemExit) as exit_:
+            infer_main([str(tmp_path / "model.onnx"), str(tmp_path), option, value])
+        code = exit_.value.code
+    else:
+        extra = ["--input", str(tmp_path)] if command == "predict" else []
+        code = cli([command, "--ckpt_path", str(calibrated), *extra, option, value], tmp_path)
+    err = capsys.readouterr().err
+    assert code == 2 and f"argument {option}: " in err and says in err and "Traceback" not in err
+
+
+def test_infer_says_a_missing_model_does_not_exist(tmp_path, capsys):
+    assert infer_main([str(tmp_path / "nope.onnx"), str(tmp_path)]) == 2
+    assert "nope.onnx' does not exist" in one_error(capsys.readouterr().err)
+
+
+def test_a_moved_data_folder_is_named_with_the_option_that_points_at_it(trained_run, tmp_path, capsys):
+    full = torch.load(best_ckpt(trained_run), weights_only=True)
+    full["datamodule_hyper_parameters"]["data_dir"] = str(tmp_path / "moved_away")
+    (tmp_path / "checkpoints").mkdir()
+    ckpt = tmp_path / "checkpoints" / "model.ckpt"
+    torch.save(full, ckpt)
+    for command, option in ((["evaluate", str(ckpt)], "--data.data_dir=NEW_FOLDER"),
+                            (["calibrate", "--ckpt_path", str(ckpt)], "--data_dir NEW_FOLDER")):
+        assert cli(command, tmp_path) == 2
+        error = one_error(capsys.readouterr().err)
+        assert "moved_away', which is not there now" in error and option in error
 
 
 def _resized_test_images(tiny_data: Path, folder: Path, side: int) -> Path:

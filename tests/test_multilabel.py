@@ -157,6 +157,8 @@ BAD_TABLES = {
                               "line 3: './img/000.png' is listed again (first on line 2)"),
     "a label on every image": ("image,labels\nimg/000.png,photo;circle\nimg/001.png,dots;photo\n"
                                "img/002.png,photo\n", "labels.csv: label 'photo' is on every image"),
+    "NaN label": ("image,label\nimg/000.png,circle\nimg/001.png,NaN\n",
+                  "line 3: empty label for 'img/001.png' (a blank or NaN"),
     "semicolons": ("image;label\nimg/000.png;circle\n", "(one column: the table is semicolon-separated"),
     "tabs": ("image\tlabel\nimg/000.png\tcircle\n", "(one column: the table is tab-separated"),
 }
@@ -204,9 +206,21 @@ def test_a_tables_own_columns_and_split_names_read_in_any_case(multilabel_data, 
     assert found.classes == ["circle", "dots"]
 
 
+def test_blank_split_cells_in_a_split_column_are_a_notice(multilabel_data, tmp_path, caplog):
+    table = tmp_path / "labels.csv"
+    splits = ["train"] * 6 + ["", ""] + ["val", "val", "test", "test"]
+    table.write_text("image,label,split\n" + "".join(
+        f"img/{k:03d}.png,{('circle', 'dots')[k % 2]},{split}\n" for k, split in enumerate(splits)))
+    with caplog.at_level("WARNING"):
+        found = discover_table(table, multilabel_data)
+    assert len(found.train) == 8
+    assert "2 rows of" in caplog.text and "have no split (the first on line 8)" in caplog.text
+
+
 def test_check_data_lists_images_that_no_row_names(multilabel_data, tmp_path, capsys):
     table = tmp_path / "labels.csv"
-    table.write_text("image,labels\n" + "".join(f"img/{k:03d}.png,circle dots\n" for k in range(100)))
+    cells = ("circle dots", "cross dots", "circle")  # no label on every image (that is an error)
+    table.write_text("image,labels\n" + "".join(f"img/{k:03d}.png,{cells[k % 3]}\n" for k in range(100)))
     assert cli(["check-data", str(multilabel_data), "--labels", str(table)], tmp_path) == 0
     out = capsys.readouterr().out
     assert out.count("training leaves it out") == 20 and "img/119.png" in out

@@ -68,7 +68,8 @@ def test_panoramas_say_what_the_square_crop_keeps_in_fit_and_init(tmp_path, capl
             image = Image.new("RGB", (256, 32), colour)
             image.putpixel((i, 0), (i, i, i))  # no two files alike (copies would be one unit)
             image.save(tmp_path / "wide" / f"c{c}" / f"{i}.png")
-    dm = FolderDataModule(str(tmp_path / "wide"), num_workers=0, cache="none", preprocessing=Preprocessing(32))
+    dm = FolderDataModule(str(tmp_path / "wide"), num_workers=0, cache="none",
+                          preprocessing=Preprocessing(32))
     with caplog.at_level(logging.WARNING, logger="project"):
         dm.setup("fit")
     shape = [r.getMessage() for r in caplog.records if "times as long as wide" in r.getMessage()]

@@ -22,7 +22,7 @@ def to_rgb(img: Image.Image) -> Image.Image:
         arr = np.asarray(img, dtype=np.float32)
         # 16-bit, else 8-bit values in a wider mode; a float image within [0, 1] is scaled so
         top = (65535.0 if img.mode.startswith("I;16") or arr.max() > 255 else
-               1.0 if img.mode == "F" and arr.size and 0 <= arr.min() and arr.max() <= 1 else 255.0)
+               1.0 if img.mode == "F" and arr.size and arr.min() >= 0 and arr.max() <= 1 else 255.0)
         img = Image.fromarray((arr * (255.0 / top)).clip(0, 255).astype(np.uint8), "L")
     if img.mode in ("P", "PA") and "transparency" in img.info or img.mode == "LA":
         img = img.convert("RGBA")  # palette transparency must go through RGBA first

@@ -72,6 +72,8 @@ class FolderDataModule(L.LightningDataModule):
         self.unlabeled = (from_plain(Unlabeled, unlabeled, "data.unlabeled") or Unlabeled()).check()
         self.save_hyperparameters(logger=False)  # the run summary logs them with the model's
         data_dir = str(data_dir)  # a Path would not load with weights_only
+        if data_dir.startswith("~"):  # the shell leaves ~ alone in --data.data_dir=~/photos
+            data_dir = os.path.expanduser(data_dir)
         self.preprocessing = from_plain(Preprocessing, preprocessing, "data.preprocessing") or Preprocessing()
         self.hparams.update(data_dir=data_dir, augmentation=augmentation and plain(augmentation),
                             unlabeled=plain(self.unlabeled), preprocessing=plain(self.preprocessing),

@@ -49,10 +49,10 @@ def units_by_label(samples: list[Sample], groups: list[int] | None = None) -> di
 
 
 def draw(path: str, seed: int) -> float:
-    """A number in [0, 1) fixed by the file's class folder and name and the seed alone, so a file
-    keeps its split when others are added, removed, or the data folder is moved."""
-    key = "/".join(Path(path).parts[-2:])
-    digest = hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=8).digest()
+    """A number in [0, 1) fixed by the file's name and the seed alone, so a file keeps its split
+    when others are added or removed, the folder is moved, the image is moved to another class
+    folder (relabelled), or the same images are listed in a table instead."""
+    digest = hashlib.blake2b(f"{seed}:{Path(path).name}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64
 
 

@@ -8,6 +8,7 @@ its columns. Imported only when ``data.labels`` is set; every problem names the 
 from __future__ import annotations
 
 import csv
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,8 @@ from pathlib import Path
 from project import tasks
 from project.data.folders import DataFolderError, FolderSplits, Sample, check_fractions, split_of
 from project.tasks.labels import Labels, Row
+
+log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
 OWN_COLUMNS = ("image", "split")
@@ -152,8 +155,8 @@ def read_table(path: str | Path, data_dir: str | Path, unlabeled_ok: bool = Fals
             table.unlabeled.append(image)
             continue
         if label is None:
-            problem(f"empty label for '{image}' (data.unlabeled.images={path} makes such rows "
-                    "unlabeled images)")
+            problem(f"empty label for '{image}' (a blank or NaN cell; data.unlabeled.images={path} "
+                    "makes such rows unlabeled images)")
         if given_split and split is None:
             problem(f"split '{given_split}' must be train, val or test")
         table.rows.append(Row(line, image, label, split))
@@ -193,6 +196,10 @@ def discover_table(labels: str | Path, data_dir: str | Path, task: str = "auto",
         by_split[r.split].append(Sample(str(Path(data_dir) / r.image), reader.encode(r.label, names)))
     for samples in by_split.values():  # the folders' order (path): the same split from the same files
         samples.sort(key=lambda s: s.path)
+    if by_split[None] and len(by_split[None]) < len(table.rows):  # a split column, blank in places
+        first = min(r.line for r in table.rows if r.split is None)
+        log.warning("Notice: %d rows of '%s' have no split (the first on line %d): they are trained on; "
+                    "write train, val or test in each", len(by_split[None]), labels, first)
     train = by_split["train"] + by_split[None]
     if by_split["val"]:
         return FolderSplits(names, train, by_split["val"], by_split["test"], table.task)

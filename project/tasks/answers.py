@@ -14,6 +14,7 @@ import json
 
 import numpy as np
 
+from project.common.argv import positive_int
 from project.common.predictions import unsure
 from project.errors import ConfigError
 from project.tasks import load
@@ -21,7 +22,7 @@ from project.tasks import load
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The answer options of every command that answers (one default for all of them)."""
-    parser.add_argument("--top_k", type=int, default=3, help="classes listed per image")
+    parser.add_argument("--top_k", type=positive_int, default=3, help="classes listed per image")
     parser.add_argument("--min_confidence", default=None,
                         help="below it an image is answered 'unsure': a probability (0.8), or per "
                              "class with a default for the rest (cat=0.9,dog=0.7,0.5); evaluate's "

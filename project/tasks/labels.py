@@ -103,7 +103,9 @@ def unknown_in_evaluation(labels: Labels, rows: list[Row], names_of) -> list[str
 
 
 def split_labels(cell: str, several: bool) -> list[str]:
-    """The class names in a cell: one, or several separated by ``;`` (else by spaces)."""
+    """The class names in a cell: one, or several separated by ``;`` (else by spaces). ``NaN``
+    is a missing value (a data frame's, written out as text), never a class."""
     if not several:
-        return [cell.strip()] if cell.strip() else []
-    return [n for n in re.split(r";" if ";" in cell else r"\s+", cell.strip()) if n.strip()]
+        return [cell.strip()] if cell.strip() and cell.strip().lower() != "nan" else []
+    return [n for n in re.split(r";" if ";" in cell else r"\s+", cell.strip())
+            if n.strip() and n.strip().lower() != "nan"]

@@ -36,6 +36,7 @@ from project.checkpoints import (
     read_calibration,
     read_checkpoint,
 )
+from project.common.argv import device, positive_int
 from project.common.files import write_text
 from project.errors import ProjectError
 from project.extras.analysis.predictions import calibrated_probabilities, predict_dataset
@@ -167,8 +168,8 @@ def main(argv: list[str]) -> int:
                                             "it beside the checkpoint (<ckpt>.calibration.json)")
     p.add_argument("--ckpt_path", default="best", help="a .ckpt, a run folder, best or last")
     p.add_argument("--data_dir", help="the data folder (default: the run's)")
-    p.add_argument("--batch_size", type=int, default=64)
-    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    p.add_argument("--batch_size", type=positive_int, default=64)
+    p.add_argument("--device", type=device, default=None, help="default: cuda when available, else cpu")
     a = p.parse_args(argv)
     check_data_dir(a.data_dir)  # before the model loads
     ckpt = resolve_checkpoint(a.ckpt_path)

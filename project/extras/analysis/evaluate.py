@@ -16,8 +16,9 @@ import argparse
 import os
 from pathlib import Path
 
-from project.checkpoints import apply_calibration, checkpoint_task, read_checkpoint
+from project.checkpoints import apply_calibration, check_trained_data_dir, checkpoint_task, read_checkpoint
 from project.cli import ProjectCLI
+from project.common.argv import pop_option
 from project.extras.analysis.calibration import ensure_temperature
 from project.extras.analysis.predictions import check_mirror_tta, predict_dataset
 from project.runs import resolve_checkpoint, run_config
@@ -59,9 +60,13 @@ def main(argv: list[str]) -> int:
     run = ckpt.parent.parent
     if a.tta == "hflip":
         check_mirror_tta(read_checkpoint(ckpt, mmap=True).get("datamodule_hyper_parameters") or {})
+    data_dir = pop_option(list(overrides), "--data.data_dir")[1]  # the run's folder, moved
+    stored = (read_checkpoint(ckpt, mmap=True).get("datamodule_hyper_parameters") or {}).get("data_dir")
+    if stored and not data_dir:
+        check_trained_data_dir(ckpt, str(stored), "--data.data_dir=")
     calibrated = checkpoint_task(ckpt).temperature_scaling
     if int(os.environ.get("RANK", 0)) == 0 and calibrated:  # under torchrun every rank runs it
-        ensure_temperature(ckpt)
+        ensure_temperature(ckpt, data_dir)
     # the user's overrides come last, so they win over both the run's config and ours
     args = ["test", "--config", str(run_config(run)), f"--ckpt_path={ckpt}", "--verbose=false"]
     cli = EvaluateCLI(args=[*args, *WHOLE_TEST_SPLIT, EVAL_PRECISION, *overrides], run_dir=run)
@@ -73,6 +78,10 @@ def main(argv: list[str]) -> int:
                               mirrored=a.tta == "hflip")
     model.task.write_report(model, model.results["test"], str(ckpt), Path(ckpt).parent, samples,
                             dm.datasets["test"], a.top, a.target_acc)
+    skipped = dm.datasets["test"].skipped_paths() if hasattr(dm.datasets["test"], "skipped_paths") else []
+    if skipped:
+        print(f"Notice: {len(skipped)} test images could not be decoded and are not scored "
+              f"(first: {skipped[0]}; python -m project check-data lists them)")
     add_probe(run / "probe.json", Path(ckpt).parent / "report.md")
     return 0
 

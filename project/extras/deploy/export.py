@@ -183,6 +183,12 @@ def export_checkpoint(ckpt_path: Path, out: Path, formats: list[str], data_dir: 
     finally:  # a failed export leaves no empty folder behind
         if created and out.is_dir() and not any(out.iterdir()):
             out.rmdir()
+    stale = [out / FILES[f] for f in FORMATS if f not in formats and (out / FILES[f]).is_file()]
+    for path in stale:  # an earlier export's, maybe of another checkpoint: the report would not cover it
+        path.unlink()
+    if stale:
+        print(f"Notice: removed {', '.join(p.name for p in stale)} of an earlier export in {out} "
+              "(not in --formats now, and maybe of another checkpoint)")
     skipped = len(val.skipped_paths()) if val is not None else 0
     if skipped:
         print(f"Notice: {skipped} validation images could not be decoded and are not in "

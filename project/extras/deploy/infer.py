@@ -129,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     answers.add_arguments(p)
     a = p.parse_args(argv)
     try:
+        if not Path(a.model).is_file():
+            raise FileNotFoundError(f"'{a.model}' does not exist: pass the model.onnx that export wrote")
         model = OnnxClassifier(a.model, a.threads)
         if not Path(a.input).exists():
             raise FileNotFoundError(f"'{a.input}' does not exist")

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from project.checkpoints import load_model, read_checkpoint
+from project.common.argv import device, positive_int
 from project.common.files import left_out_text, list_images
 from project.common.pixels import DECODE_ERRORS, read_rgb
 from project.common.predictions import error_row, write_csv
@@ -76,9 +77,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--ckpt_path", default="best", help="a .ckpt, a run folder, best or last")
     p.add_argument("--input", required=True, help="an image file or a folder of images")
     p.add_argument("--output", default="preds.csv", help="CSV file to write")
-    p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--batch_size", type=positive_int, default=64)
     p.add_argument("--num_workers", type=int, default=0)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", type=device, default="cuda" if torch.cuda.is_available() else "cpu")
     answers.add_arguments(p)
     p.add_argument("--tta", default="none", choices=["none", "hflip"],
                    help="hflip: average each image's probabilities with its mirror image's")

@@ -30,6 +30,7 @@ import litserve as ls
 import numpy as np
 from PIL import Image
 
+from project.common.argv import accelerator, positive_int
 from project.common.pixels import DECODE_ERRORS
 from project.errors import ProjectError
 from project.tasks import answers
@@ -295,10 +296,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     answers.add_arguments(p)
-    p.add_argument("--max_batch_size", type=int, default=1, help="dynamic batching: requests per batch")
+    p.add_argument("--max_batch_size", type=positive_int, default=1,
+                   help="dynamic batching: requests per batch")
     p.add_argument("--batch_timeout", type=float, default=0.0, help="seconds a batch waits to fill")
-    p.add_argument("--workers", type=int, default=1, help="worker processes per device")
-    p.add_argument("--accelerator", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--workers", type=positive_int, default=1, help="worker processes per device")
+    p.add_argument("--accelerator", type=accelerator, default="auto", help="auto, cpu or cuda")
     p.add_argument("--max_upload_mb", type=float, default=20.0, help="larger requests get 413")
     return p
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from project.common.argv import device, positive_int
 from project.errors import ConfigError, ProjectError
 from project.extras.embeddings.cache import CACHE_ROOT, Network, identity_of
 
@@ -24,9 +25,9 @@ def add_network_args(p: argparse.ArgumentParser, config: bool = True) -> None:
         p.add_argument("--config", help="the network: this config's model.backbone and model.weights "
                                         "(pretrained, not fine-tuned), instead of a checkpoint")
     p.add_argument("--cache", default=str(CACHE_ROOT), help="folder of the embedding cache")
-    p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--batch_size", type=positive_int, default=64)
     p.add_argument("--num_workers", type=int, default=0)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", type=device, default="cuda" if torch.cuda.is_available() else "cpu")
 
 
 def network_from_checkpoint(spec: str | None) -> tuple[Network, Path]:

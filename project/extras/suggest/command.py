@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from project.common.argv import device, positive_int
 from project.common.files import list_images
 from project.errors import ProjectError
 from project.extras.suggest.rank import STRATEGIES, check_strategy, rank_pool
@@ -39,9 +40,9 @@ def parser() -> argparse.ArgumentParser:
                    help="k-center: at most this many training images (a seeded sample) to keep away from")
     p.add_argument("--cache", default="logs/embeddings", help="folder of the embedding cache (python -m "
                                                             "project embed fills it)")
-    p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--batch_size", type=positive_int, default=64)
     p.add_argument("--num_workers", type=int, default=0)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", type=device, default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--add", metavar="TO_LABEL_CSV", help="append its labeled rows to --labels")
     p.add_argument("--labels", help="with --add: the labels table (image,label) to append to")
     p.add_argument("--data_dir", help="with --add: the folder the table's paths are relative to "
