@@ -15,6 +15,7 @@ import torch
 from project.checkpoints import load_model, read_checkpoint
 from project.data.folders import Sample
 from project.data.splits import iterative_split
+from project.data.folders import DataFolderError
 from project.data.tables import discover_table
 from project.extras.deploy.export import export_checkpoint
 from project.extras.deploy.exporters import ExportError
@@ -204,6 +205,24 @@ def test_a_tables_own_columns_and_split_names_read_in_any_case(multilabel_data, 
     found = discover_table(table, multilabel_data)
     assert (len(found.train), len(found.val), len(found.test)) == (8, 2, 2)
     assert found.classes == ["circle", "dots"]
+
+
+def test_a_0_1_column_per_label_is_the_same_multilabel_table(multilabel_data, tmp_path):
+    """image,checker,circle,... with 0 and 1 (a multi-hot export): labels, not numbers to regress."""
+    rows = _rows(multilabel_data / "labels.csv")
+    names = sorted({n for r in rows for n in r["labels"].split(";")})
+    hot = tmp_path / "hot.csv"
+    hot.write_text("image," + ",".join(names) + "\n" + "".join(
+        r["image"] + "," + ",".join(str(int(n in r["labels"].split(";"))) for n in names) + "\n"
+        for r in rows))
+    by_cell, by_column = discover_table(multilabel_data / "labels.csv", multilabel_data), discover_table(
+        hot, multilabel_data)
+    assert by_column.task == by_cell.task == "multilabel" and by_column.classes == by_cell.classes
+    for split in ("train", "val", "test"):
+        assert getattr(by_column, split) == getattr(by_cell, split)
+    hot.write_text(hot.read_text().replace(",0\n", ",2\n", 1))
+    with pytest.raises(DataFolderError, match=r"line \d+: '2' in label column '\w+' is not 0 or 1"):
+        discover_table(hot, multilabel_data, task="multilabel")
 
 
 def test_blank_split_cells_in_a_split_column_are_a_notice(multilabel_data, tmp_path, caplog):

@@ -90,6 +90,15 @@ def mostly_numbers(values: list[str]) -> bool:
     return bool(filled) and sum(number(v) is not None for v in filled) * 2 >= len(filled)
 
 
+INDICATOR = {"0": 0, "1": 1, "0.0": 0, "1.0": 1}
+
+
+def indicator_columns(cells: dict[str, list[str]]) -> bool:
+    """Whether two or more columns hold only 0 and 1: one column per label, 1 where the image
+    shows it (a multi-hot table), not numbers to regress."""
+    return len(cells) >= 2 and all(v.strip() in INDICATOR for values in cells.values() for v in values)
+
+
 def unknown_in_evaluation(labels: Labels, rows: list[Row], names_of) -> list[str]:
     """val/test rows with a class no training row has (``names_of(label)``: its class names)."""
     trained = {n for r in rows if r.split in (None, "train") for n in names_of(r.label)}

@@ -1,26 +1,46 @@
 """A labels table of several labels per image: ``image,labels`` with names separated by ``;``
-(or spaces) in a cell; with ``data.task=multilabel``, a ``label`` column too."""
+(or spaces) in a cell, or a 0/1 column per label (``image,cat,dog``); with
+``data.task=multilabel``, a ``label`` column too."""
 
 from __future__ import annotations
 
 from project.data.samples import Sample
 from project.data.splits import iterative_split, split_off
-from project.tasks.labels import Labels, Row, split_labels, unknown_in_evaluation
+from project.tasks.labels import (
+    INDICATOR,
+    Labels,
+    Row,
+    indicator_columns,
+    split_labels,
+    unknown_in_evaluation,
+)
 
 
 class SeveralClasses(Labels):
-    format = "labels (several per image, separated by ';' or spaces)"
+    format = "labels (several per image, separated by ';' or spaces), or a 0/1 column per label"
 
     @classmethod
     def claim(cls, columns: list[str], cells: dict[str, list[str]]) -> list[str] | None:
+        if "label" not in columns and "labels" not in columns and indicator_columns(cells):
+            return list(cells)  # image,cat,dog with 0 and 1
         several = "labels" in columns and any(len(split_labels(c, True)) > 1 for c in cells["labels"])
         return ["labels"] if several else None
 
     @classmethod
     def accept(cls, columns: list[str], cells: dict[str, list[str]]) -> list[str] | None:
-        return next(([c] for c in ("labels", "label") if c in columns), None)
+        return next(([c] for c in ("labels", "label") if c in columns), list(cells) or None)
+
+    @property
+    def indicators(self) -> bool:
+        return self.columns[0] not in ("labels", "label")
 
     def read(self, row: dict[str, str]) -> tuple[object, str | None]:
+        if self.indicators:
+            cells = {c: (row.get(c) or "").strip() for c in self.columns}
+            wrong = next((c for c, v in cells.items() if v not in INDICATOR), None)
+            if wrong is not None:
+                return None, f"'{cells[wrong]}' in label column '{wrong}' is not 0 or 1"
+            return [c for c, v in cells.items() if INDICATOR[v]], None  # all 0: none of them, a label too
         names = split_labels(row.get(self.columns[0]) or "", self.columns[0] == "labels")
         return (names or None), None
 
@@ -34,7 +54,8 @@ class SeveralClasses(Labels):
         return problems + unknown_in_evaluation(self, rows, lambda label: label)
 
     def names(self, rows: list[Row]) -> list[str]:
-        return sorted({n for r in rows for n in r.label})
+        present = {n for r in rows for n in r.label}
+        return [c for c in self.columns if c in present] if self.indicators else sorted(present)
 
     def encode(self, label: object, names: list[str]) -> object:
         return tuple(int(n in label) for n in names)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from project.data.samples import Sample
 from project.data.splits import split_off
-from project.tasks.labels import Labels, Row, mostly_numbers, number
+from project.tasks.labels import Labels, Row, indicator_columns, mostly_numbers, number
 
 
 class Numbers(Labels):
@@ -17,8 +17,8 @@ class Numbers(Labels):
     def claim(cls, columns: list[str], cells: dict[str, list[str]]) -> list[str] | None:
         """Every column besides image and split, when there is no label column and they hold
         numbers (one column is read as numbers whatever it holds: a typo is named by its line)."""
-        if "label" in columns or "labels" in columns or not cells:
-            return None
+        if "label" in columns or "labels" in columns or not cells or indicator_columns(cells):
+            return None  # 0/1 columns are labels (multilabel's); data.task=regression reads them as numbers
         return list(cells) if len(cells) == 1 or all(map(mostly_numbers, cells.values())) else None
 
     @classmethod
