@@ -259,16 +259,16 @@ def test_evaluate_scores_the_whole_test_split_of_a_debug_run(tiny_data, tmp_path
     report = json.loads((best_ckpt(run).parent / "report.json").read_text())
     assert sum(c["support"] for c in report["classes"].values()) == images == 20
     assert sum(map(sum, report["confusion_matrix"])) == images
-    # an override on evaluate's command line wins over evaluate's own settings
-    assert cli(["evaluate", str(run), "--trainer.enable_progress_bar=false",
-                "--trainer.precision=bf16-mixed"], tmp_path) == 0
-    assert f"on {images} test images in bf16-mixed" in capsys.readouterr().out
-    moved = tmp_path / "moved"  # the data in another place, with a test file that does not decode
+    # overrides on evaluate's command line win over evaluate's own settings and the run's: the
+    # data in another place, with a test file that does not decode (named, not scored)
+    moved = tmp_path / "moved"
     shutil.copytree(tiny_data, moved)
     (moved / "test" / "circle" / "broken.png").write_bytes(b"not an image")
-    assert cli(["evaluate", str(run), "--trainer.enable_progress_bar=false", f"--data.data_dir={moved}"],
-               tmp_path) == 0
-    assert "Notice: 1 test images could not be decoded" in capsys.readouterr().out
+    assert cli(["evaluate", str(run), "--trainer.enable_progress_bar=false",
+                "--trainer.precision=bf16-mixed", f"--data.data_dir={moved}"], tmp_path) == 0
+    out = capsys.readouterr().out
+    assert f"on {images + 1} test images in bf16-mixed" in out
+    assert "Notice: 1 test images could not be decoded" in out and "broken.png" in out
 
 
 def test_mirror_tta_is_refused_for_a_model_trained_without_flips(trained_run, tmp_path, capsys):

@@ -14,7 +14,7 @@ import json
 
 import numpy as np
 
-from project.common.argv import positive_int
+from project.common.options import positive_int
 from project.common.predictions import unsure
 from project.errors import ConfigError
 from project.tasks import load

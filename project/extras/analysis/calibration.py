@@ -36,8 +36,8 @@ from project.checkpoints import (
     read_calibration,
     read_checkpoint,
 )
-from project.common.argv import device, positive_int
 from project.common.files import write_text
+from project.common.options import device, positive_int
 from project.errors import ProjectError
 from project.extras.analysis.predictions import calibrated_probabilities, predict_dataset
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from project.checkpoints import load_model, read_checkpoint
-from project.common.argv import device, positive_int
 from project.common.files import left_out_text, list_images
+from project.common.options import device, positive_int
 from project.common.pixels import DECODE_ERRORS, read_rgb
 from project.common.predictions import error_row, write_csv
 from project.data.datasets import ImageDataset

@@ -30,7 +30,7 @@ import litserve as ls
 import numpy as np
 from PIL import Image
 
-from project.common.argv import accelerator, positive_int
+from project.common.options import accelerator, positive_int
 from project.common.pixels import DECODE_ERRORS
 from project.errors import ProjectError
 from project.tasks import answers

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from project.common.argv import device, positive_int
+from project.common.options import device, positive_int
 from project.errors import ConfigError, ProjectError
 from project.extras.embeddings.cache import CACHE_ROOT, Network, identity_of
 

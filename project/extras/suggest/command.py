@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from project.common.argv import device, positive_int
 from project.common.files import list_images
+from project.common.options import device, positive_int
 from project.errors import ProjectError
 from project.extras.suggest.rank import STRATEGIES, check_strategy, rank_pool
 
