@@ -170,6 +170,13 @@ def test_the_input_size_follows_the_weights_and_the_images(sides, weights, size)
     assert chosen(survey_of(sides), weights)["model.input.size"] == size
 
 
+@pytest.mark.parametrize("weights", [None, "DEFAULT"])
+def test_a_network_built_for_one_size_gets_that_size_whatever_the_images(weights):
+    """vit_b_16 refuses any size but 224: at the images' 64 px its fit would stop at once."""
+    picked = {key: (v, why) for key, v, why in choices(survey_of([20, 28, 28]), weights, "vit_b_16", "mine")}
+    assert picked["model.input.size"] == (224, "vit_b_16 is built for 224 px images alone")
+
+
 def test_small_images_and_grids_are_evaluated_whole_photos_keep_the_weights_crop():
     assert chosen(survey_of([32, 32]))["model.input.crop_ratio"] == 1.0
     assert "model.input.crop_ratio" not in chosen(survey_of([300, 400]))

@@ -152,6 +152,22 @@ def round8(x: float) -> int:
     return int(round(x / 8)) * 8
 
 
+def fixed_size(backbone: str) -> tuple[str, object, str] | None:
+    """The input size setting of a network built for one size alone (torchvision's ViTs), or
+    None: at the images' size such a network would refuse to start."""
+    import torch
+    import torchvision
+
+    try:
+        with torch.device("meta"):  # the shapes alone: no memory, no time
+            net = torchvision.models.get_model(backbone, weights=None)
+    except (ValueError, TypeError, RuntimeError):  # not a torchvision name (timm, a user's network)
+        return None
+    needs = getattr(net, "image_size", None)
+    return ("model.input.size", needs, f"{backbone} is built for {needs} px images alone") if isinstance(
+        needs, int) else None
+
+
 def choices(found: Survey, weights: str | None, backbone: str, name: str,
             own_backbone: bool = False) -> list[tuple[str, object, str]]:
     """(setting, value, what in the data chose it) for every data-derived setting."""
@@ -166,8 +182,8 @@ def choices(found: Survey, weights: str | None, backbone: str, name: str,
     ]
     if is_scratch(weights):
         size = min(384, max(32, round8(median)))
-        out.append(("model.input.size", size, f"random weights: near the images' median short side "
-                    f"({median} px), at least 32, at most 384"))
+        out.append(fixed_size(backbone) or ("model.input.size", size, f"random weights: near the images' "
+                   f"median short side ({median} px), at least 32, at most 384"))
         scratch = yaml.safe_load(SCRATCH_PRESET.read_text())["model"]
         why = "random weights: configs/presets/scratch.yaml's"
         schedule = scratch["scheduler"]["init_args"]
@@ -181,7 +197,7 @@ def choices(found: Survey, weights: str | None, backbone: str, name: str,
                    f"{own} px: twice their size, at least 64")
         else:
             size, why = own, f"the weights' own size (the images' median short side is {median} px)"
-        out.append(("model.input.size", size, why))
+        out.append(fixed_size(backbone) or ("model.input.size", size, why))
         if found.task.lr_scale != 1:
             base = yaml.safe_load(TRAIN_CONFIG.read_text())["model"]["lr"]
             out.append(lr_choice(found, base, "configs/train.yaml's fine-tuning LR"))
