@@ -115,6 +115,7 @@ def test_two_process_ddp_fit_validates_each_image_once_and_resumes(odd_data, tmp
     assert len(ckpts) == 2 and "last.ckpt" in ckpts  # ...and one set of checkpoints
     assert len(list(run.glob("events.out.tfevents*"))) == 1
     assert "Global batch 8 (4 per device x 2 devices" in result.stderr + result.stdout
+    assert (result.stderr + result.stdout).count("First training batch") == 1  # not one per rank
     two = _last_values(run, "val/")
     assert len(scalars(run)["val/acc"]) == 1
 

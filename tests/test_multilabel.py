@@ -13,9 +13,8 @@ import pytest
 import torch
 
 from project.checkpoints import load_model, read_checkpoint
-from project.data.folders import Sample
+from project.data.folders import DataFolderError, Sample
 from project.data.splits import iterative_split
-from project.data.folders import DataFolderError
 from project.data.tables import discover_table
 from project.extras.deploy.export import export_checkpoint
 from project.extras.deploy.exporters import ExportError

@@ -58,10 +58,12 @@ class Guards(Callback):
         if self.first_batch_seen or self.batch is None:
             return
         self.first_batch_seen = True
+        if not trainer.is_global_zero:  # rank 0's batch speaks for the run: one line, not one per rank
+            return
         stats = batch_stats(self.batch)
         text = f"First training batch {tuple(self.batch.shape)}, per channel: {format_stats(stats)}"
         log.info(text)
-        writer = tensorboard(trainer) if trainer.is_global_zero else None
+        writer = tensorboard(trainer)
         if writer is not None:
             writer.add_text("input/first_batch", text, trainer.global_step)
         if sum(stats["nonfinite"]) > 0:
