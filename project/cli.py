@@ -61,6 +61,9 @@ class ProjectCLI(LightningCLI):
         # hyperparameters over it (checked in before_instantiate_classes)
         self.asked_model = (self.config[sub].model.clone() if sub and self.config[sub].get("ckpt_path")
                             else None)
+        # only what the command line says: a config file may hold the run's values, or another run's
+        self.given_model = {a[2:].split("=", 1)[0].removeprefix("model.")
+                            for a in (sys.argv[1:] if args is None else args) if a.startswith("--model.")}
 
     def add_arguments_to_parser(self, parser) -> None:
         # The data decides the classes; the model keeps them for export and predict.
@@ -86,7 +89,7 @@ class ProjectCLI(LightningCLI):
             config.data.seed = config.seed_everything  # the training draw follows the run's seed
         check_optimizer_lr(config.model)
         if getattr(self, "asked_model", None) is not None:
-            refuse_model_changes(self.asked_model, config.model, config.ckpt_path)
+            refuse_model_changes(self.asked_model, config.model, config.ckpt_path, self.given_model)
         trainer = config.trainer
         on_gpu = torch.cuda.is_available() and "cpu" not in str(trainer.get("accelerator") or "auto")
         if not on_gpu and str(trainer.get("precision")) in ("16-mixed", "16") and not cpu_has_bfloat16():
@@ -129,7 +132,7 @@ class ProjectCLI(LightningCLI):
         """Into a run folder that has one (resume, ``--run_dir``), after every check passed: the
         CSV logger deletes its ``metrics.csv``, so the rows so far are kept beside it."""
         csv_log = self.run_dir / "metrics.csv" if self.run_dir else None
-        if csv_log is not None and csv_log.is_file():
+        if csv_log is not None and csv_log.is_file() and self.trainer.is_global_zero:
             kept = csv_log.with_name(f"metrics-{len(list(self.run_dir.glob('metrics*.csv'))) - 1}.csv")
             csv_log.rename(kept)
             log.info("Notice: the CSV logger starts metrics.csv afresh; the rows so far are in %s", kept)
@@ -166,10 +169,10 @@ def check_optimizer_lr(model: Namespace) -> None:
                       f"set model.lr={given} instead and leave model.optimizer.init_args.lr out")
 
 
-def refuse_model_changes(asked: Namespace, kept: Namespace, ckpt: str) -> None:
+def refuse_model_changes(asked: Namespace, kept: Namespace, ckpt: str, given: set[str]) -> None:
     """A run continued from a checkpoint keeps the model, optimiser and schedule it was trained
-    with (Lightning reads them from the checkpoint over the config): a model setting asked for
-    otherwise is refused, not silently dropped."""
+    with (Lightning reads them from the checkpoint over the config): a model setting the command
+    line (``given``) asks for otherwise is refused, not silently dropped."""
     def leaves(tree: dict, prefix: str = "") -> dict:
         out = {}
         for key, value in tree.items():
@@ -181,7 +184,8 @@ def refuse_model_changes(asked: Namespace, kept: Namespace, ckpt: str) -> None:
 
     wanted, trained = leaves(asked.as_dict()), leaves(kept.as_dict())
     changed = [f"model.{k}={wanted[k]} (it has {trained[k]})" for k in sorted(wanted)  # None: auto
-               if k in trained and wanted[k] is not None and wanted[k] != trained[k]]
+               if k in trained and wanted[k] is not None and wanted[k] != trained[k]
+               and any(k == g or k.startswith(f"{g}.") for g in given)]
     if changed:
         raise ConfigError(f"checkpoint '{ckpt}' continues the model it was trained with, so "
                           f"{'; '.join(changed)} would be ignored: drop the setting (the run's own "

@@ -82,6 +82,14 @@ def test_each_class_keeps_about_its_share_in_each_split():
         assert [len(side) for side in stratified_split(pair, fraction, seed=0)] == [1, 1]
 
 
+def test_repeated_file_names_are_told_apart_by_their_folders():
+    """``<id>/image.jpg``: keyed on the name alone every image would draw the same side."""
+    samples = [Sample(f"/d/{i:03d}/image.jpg", i % 3) for i in range(150)]
+    keep, held = stratified_split(samples, 0.2, seed=3)
+    for c in range(3):
+        assert 3 <= sum(s.label == c for s in held) <= 20  # 10 expected
+
+
 def test_images_added_to_a_folder_never_move_a_trained_image_into_val_or_test(flat_data, tmp_path):
     """The user trains, adds images, and resumes or evaluates: the images trained on must still
     be training images, and the ones scored must still be scored, wherever the folder now lives."""

@@ -34,8 +34,9 @@ def calibrated(trained_run, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def exported(calibrated, tiny_data) -> Path:
     out = calibrated.parent / "export"
-    out.mkdir()
-    (out / "model.pt2").write_bytes(b"an earlier export's")  # of a format not exported now: removed
+    out.mkdir()  # an earlier export of another checkpoint, in a format not exported now: removed
+    (out / "model.pt2").write_bytes(b"an earlier export's")
+    (out / "export_report.json").write_text(json.dumps({"checkpoint": "another.ckpt"}))
     assert cli(["export", "--ckpt_path", str(calibrated), "--out", str(out), "--data_dir", str(tiny_data),
                 "--formats", "onnx,int8", "--calibration_images", "16", "--int8_max_drop", "1.0",
                 "--repeats", "2"], out.parent) == 0

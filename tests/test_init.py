@@ -170,11 +170,12 @@ def test_the_input_size_follows_the_weights_and_the_images(sides, weights, size)
     assert chosen(survey_of(sides), weights)["model.input.size"] == size
 
 
-@pytest.mark.parametrize("weights", [None, "DEFAULT"])
-def test_a_network_built_for_one_size_gets_that_size_whatever_the_images(weights):
-    """vit_b_16 refuses any size but 224: at the images' 64 px its fit would stop at once."""
-    picked = {key: (v, why) for key, v, why in choices(survey_of([20, 28, 28]), weights, "vit_b_16", "mine")}
-    assert picked["model.input.size"] == (224, "vit_b_16 is built for 224 px images alone")
+@pytest.mark.parametrize(("weights", "size"), [(None, 224), ("DEFAULT", 224), ("IMAGENET1K_SWAG_E2E_V1", 384)])
+def test_a_network_built_for_one_size_gets_that_size_whatever_the_images(weights, size):
+    """vit_b_16 refuses any size but the one it is built for (its weights' own): at the images'
+    64 px its fit would stop at once."""
+    picked = {key: v for key, v, _ in choices(survey_of([20, 28, 28]), weights, "vit_b_16", "mine")}
+    assert picked["model.input.size"] == size
 
 
 def test_small_images_and_grids_are_evaluated_whole_photos_keep_the_weights_crop():

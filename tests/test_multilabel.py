@@ -219,6 +219,11 @@ def test_a_0_1_column_per_label_is_the_same_multilabel_table(multilabel_data, tm
     assert by_column.task == by_cell.task == "multilabel" and by_column.classes == by_cell.classes
     for split in ("train", "val", "test"):
         assert getattr(by_column, split) == getattr(by_cell, split)
+    zeros = tmp_path / "zeros.csv"  # a row of zeros shows none of them: no label is on every image
+    zeros.write_text("image,scratch,dent\nimg/000.png,0,0\nimg/001.png,1,0\nimg/002.png,1,1\n")
+    from project.data.tables import read_table
+
+    assert read_table(zeros, multilabel_data).problems == []
     hot.write_text(hot.read_text().replace(",0\n", ",2\n", 1))
     with pytest.raises(DataFolderError, match=r"line \d+: '2' in label column '\w+' is not 0 or 1"):
         discover_table(hot, multilabel_data, task="multilabel")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -48,12 +48,26 @@ def units_by_label(samples: list[Sample], groups: list[int] | None = None) -> di
     return dict(sorted(out.items()))
 
 
-def draw(path: str, seed: int) -> float:
-    """A number in [0, 1) fixed by the file's name and the seed alone, so a file keeps its split
-    when others are added or removed, the folder is moved, the image is moved to another class
-    folder (relabelled), or the same images are listed in a table instead."""
-    digest = hashlib.blake2b(f"{seed}:{Path(path).name}".encode(), digest_size=8).digest()
+def draw(key: str, seed: int) -> float:
+    """A number in [0, 1) fixed by a file's key and the seed alone."""
+    digest = hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64
+
+
+def file_keys(paths: list[str]) -> list[str]:
+    """Each file's name, or, where names repeat (``<id>/image.jpg``, two cameras' IMG_0001.JPG),
+    the shortest tail of its path that tells it apart: a file keeps its split when others are
+    added or removed, the folder is moved, or the same images are listed in a table instead."""
+    parts = [Path(p).parts for p in paths]
+    keys, depth = [p[-1] for p in parts], [1] * len(parts)
+    while True:  # only the files whose key repeats look one folder further up
+        seen = Counter(keys)
+        again = [i for i, k in enumerate(keys) if seen[k] > 1 and depth[i] < len(parts[i])]
+        if not again:
+            return keys
+        for i in again:
+            depth[i] += 1
+            keys[i] = "/".join(parts[i][-depth[i]:])
 
 
 def stratified_split(samples: list[Sample], fraction: float, seed: int,
@@ -64,9 +78,10 @@ def stratified_split(samples: list[Sample], fraction: float, seed: int,
     of one keeps it for training."""
     keep: list[Sample] = []
     held: list[Sample] = []
+    keys = file_keys([s.path for s in samples])
     for units in units_by_label(samples, groups).values():
         # a unit's highest draw: a copy added later can move its unit only towards train
-        draws = [max(draw(samples[i].path, seed) for i in u) for u in units]
+        draws = [max(draw(keys[i], seed) for i in u) for u in units]
         aside = [d < fraction and len(units) >= 2 for d in draws]  # a class of one: all for train
         if fraction > 0 and len(units) >= 2 and not any(aside):
             aside[int(np.argmin(draws))] = True

@@ -197,7 +197,9 @@ def choices(found: Survey, weights: str | None, backbone: str, name: str,
                    f"{own} px: twice their size, at least 64")
         else:
             size, why = own, f"the weights' own size (the images' median short side is {median} px)"
-        out.append(fixed_size(backbone) or ("model.input.size", size, why))
+        if fixed_size(backbone):  # built for one size: the weights' own
+            size, why = own, f"{backbone} is built for its weights' {own} px images alone"
+        out.append(("model.input.size", size, why))
         if found.task.lr_scale != 1:
             base = yaml.safe_load(TRAIN_CONFIG.read_text())["model"]["lr"]
             out.append(lr_choice(found, base, "configs/train.yaml's fine-tuning LR"))

@@ -183,12 +183,17 @@ def export_checkpoint(ckpt_path: Path, out: Path, formats: list[str], data_dir: 
     finally:  # a failed export leaves no empty folder behind
         if created and out.is_dir() and not any(out.iterdir()):
             out.rmdir()
+    earlier = out / "export_report.json"  # read before this export's report replaces it
+    try:
+        before = json.loads(earlier.read_text()).get("checkpoint") if earlier.is_file() else None
+    except (ValueError, OSError, AttributeError):
+        before = None
     stale = [out / FILES[f] for f in FORMATS if f not in formats and (out / FILES[f]).is_file()]
-    for path in stale:  # an earlier export's, maybe of another checkpoint: the report would not cover it
-        path.unlink()
-    if stale:
-        print(f"Notice: removed {', '.join(p.name for p in stale)} of an earlier export in {out} "
-              "(not in --formats now, and maybe of another checkpoint)")
+    if stale and before is not None and before != str(ckpt_path):  # another model's, beside this one's
+        for path in stale:
+            path.unlink()
+        print(f"Notice: removed {', '.join(p.name for p in stale)} in {out}: exported from {before}, "
+              "not from this checkpoint")
     skipped = len(val.skipped_paths()) if val is not None else 0
     if skipped:
         print(f"Notice: {skipped} validation images could not be decoded and are not in "

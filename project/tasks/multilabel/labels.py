@@ -46,8 +46,7 @@ class SeveralClasses(Labels):
 
     def check(self, rows: list[Row]) -> list[str]:
         """Also a label on every image: it teaches nothing, and its score reads perfect."""
-        labeled = [r for r in rows if r.label]
-        everywhere = set.intersection(*(set(r.label) for r in labeled)) if len(labeled) > 1 else set()
+        everywhere = set.intersection(*(set(r.label) for r in rows)) if len(rows) > 1 else set()
         problems = [f"{self.path}: label '{name}' is on every image, so there is nothing to learn about "
                     "it and its score would read perfect; drop it from the table, or add images without "
                     "it" for name in sorted(everywhere)]

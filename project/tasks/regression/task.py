@@ -191,7 +191,7 @@ class RegressionStageMetrics(nn.Module):
         mae, rmse = (pred - true).abs().mean(0), (pred - true).pow(2).mean(0).sqrt()
         r2s = torch.tensor([r2(pred[:, j], true[:, j]) for j in range(n)], dtype=torch.float64)
         # several outputs: the means in training standard deviations, so kilograms do not drown counts
-        scale = self.task.std.to(pred) if n > 1 else torch.ones(1, dtype=pred.dtype)
+        scale = self.task.std.to(pred) if n > 1 else torch.ones(1, dtype=pred.dtype, device=pred.device)
         values = {f"{s}/mae": (mae / scale).mean(), f"{s}/rmse": (rmse / scale).mean(), f"{s}/r2": r2s.mean(),
                   f"{s}/loss": self.loss.compute(), f"{s}/predicted": pred, f"{s}/true": true}
         if n > 1:
