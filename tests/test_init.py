@@ -170,7 +170,8 @@ def test_the_input_size_follows_the_weights_and_the_images(sides, weights, size)
     assert chosen(survey_of(sides), weights)["model.input.size"] == size
 
 
-@pytest.mark.parametrize(("weights", "size"), [(None, 224), ("DEFAULT", 224), ("IMAGENET1K_SWAG_E2E_V1", 384)])
+@pytest.mark.parametrize(("weights", "size"), [(None, 224), ("DEFAULT", 224),
+                                               ("IMAGENET1K_SWAG_E2E_V1", 384)])
 def test_a_network_built_for_one_size_gets_that_size_whatever_the_images(weights, size):
     """vit_b_16 refuses any size but the one it is built for (its weights' own): at the images'
     64 px its fit would stop at once."""
