@@ -195,9 +195,7 @@ class FolderDataModule(L.LightningDataModule):
             return self.streamed.dataset(split)
         samples: list[Sample] = getattr(self.splits, split)
         if not samples:
-            from project.data.splits import empty_split_fix
-
-            fix = empty_split_fix(self.data_dir, split, self.hparams.get(f"{split}_fraction", 0.0))
+            fix = folders.empty_split_fix(self.data_dir, split, self.hparams.get(f"{split}_fraction", 0.0))
             raise ConfigError(f"the {split} split of '{self.data_dir}' is empty: {fix}")
         if split == "train" and self.world()[1] == 0:  # once a run: input size against the images'
             notice_size_mismatch([s.path for s in samples], self.preprocessing.image_size,

@@ -148,3 +148,21 @@ def discover(data_dir: str | Path, val_fraction: float = 0.15, test_fraction: fl
     splits = split_off(train, test, val_fraction, test_fraction, seed, base)
     return FolderSplits(classes, *splits, left_out=dict(left_out))
 
+
+def empty_split_fix(data_dir: str, split: str, fraction: float = 0.0) -> str:
+    """How to fill an empty split (beside train/ and val/ folders, only a test/ folder gives a test
+    set); ``fraction``: the split's share asked for, when it was above 0 the classes are too small."""
+    root = Path(data_dir)
+    base, _, held = layout(root)
+    if base == root or (split == "test" and "val" not in held):
+        if split == "train":
+            return "lower data.val_fraction and data.test_fraction, or add images"
+        if fraction > 0:
+            return (f"data.{split}_fraction is {fraction}, but the classes are too small to spare an "
+                    "image for it (a class of 3 or more gives one to each of train, val and test): add "
+                    f"images, or lay the data out as train/ and {split}/ folders of class folders")
+        return f"set data.{split}_fraction above 0, or add images"
+    if split == "test":
+        return ("add a test/ folder with the same class folders as train/ (data.test_fraction "
+                "splits only a folder without val/)")
+    return f"add a {split}/ folder with the same class folders as train/, or raise data.{split}_fraction"

@@ -159,23 +159,3 @@ def split_off(train: list[Sample], test: list[Sample] | None, val_fraction: floa
     train, val = splitter(train, val_fraction, seed + 1, [group_of[s.path] for s in train])
     return train, val, test
 
-
-def empty_split_fix(data_dir: str, split: str, fraction: float = 0.0) -> str:
-    """How to fill an empty split (beside train/ and val/ folders, only a test/ folder gives a test
-    set); ``fraction``: the split's share asked for, when it was above 0 the classes are too small."""
-    from project.data.folders import layout
-
-    root = Path(data_dir)
-    base, _, held = layout(root)
-    if base == root or (split == "test" and "val" not in held):
-        if split == "train":
-            return "lower data.val_fraction and data.test_fraction, or add images"
-        if fraction > 0:
-            return (f"data.{split}_fraction is {fraction}, but the classes are too small to spare an "
-                    "image for it (a class of 3 or more gives one to each of train, val and test): add "
-                    f"images, or lay the data out as train/ and {split}/ folders of class folders")
-        return f"set data.{split}_fraction above 0, or add images"
-    if split == "test":
-        return ("add a test/ folder with the same class folders as train/ (data.test_fraction "
-                "splits only a folder without val/)")
-    return f"add a {split}/ folder with the same class folders as train/, or raise data.{split}_fraction"

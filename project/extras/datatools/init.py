@@ -24,7 +24,14 @@ from PIL import Image
 
 from project.common.files import write_text
 from project.common.preprocessing import Input
-from project.data.folders import DataFolderError, FolderSplits, discover, layout, structure_problems
+from project.data.folders import (
+    DataFolderError,
+    FolderSplits,
+    discover,
+    empty_split_fix,
+    layout,
+    structure_problems,
+)
 from project.data.images import aspect_notice
 from project.data.splits import content_groups
 from project.errors import ConfigError, ProjectError
@@ -362,8 +369,6 @@ def main(argv: list[str]) -> int:
     check_out(out, a.force, a.data)
     found = survey(a.data, a.labels)
     if not found.splits.val:  # a config whose fit would stop at once is not written
-        from project.data.splits import empty_split_fix
-
         fraction = inspect.signature(discover).parameters["val_fraction"].default
         raise DataFolderError(f"the val split of '{a.data}' would be empty: "
                               f"{empty_split_fix(a.data, 'val', fraction)}")
