@@ -12,11 +12,15 @@ import math
 import pickle
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from project import tasks
 from project.errors import CheckpointError, ConfigError
+
+if TYPE_CHECKING:
+    from jsonargparse import Namespace
 
 log = logging.getLogger("project")
 
@@ -178,3 +182,27 @@ def check_data_dir(data_dir: str | None) -> None:
     """A command's ``--data_dir`` that is not a folder: one line before any model is loaded."""
     if data_dir and "://" not in data_dir and not Path(data_dir).expanduser().is_dir():
         raise ConfigError(f"--data_dir '{data_dir}' is not a folder: pass the images' folder")
+
+
+def refuse_model_changes(asked: Namespace, kept: Namespace, ckpt: str, given: set[str]) -> None:
+    """A run continued from a checkpoint keeps the model, optimiser and schedule it was trained
+    with (Lightning reads them from the checkpoint over the config): a model setting the command
+    line (``given``) asks for otherwise is refused, not silently dropped."""
+    def leaves(tree: dict, prefix: str = "") -> dict:
+        out = {}
+        for key, value in tree.items():
+            if isinstance(value, dict):
+                out.update(leaves(value, f"{prefix}{key}."))
+            else:
+                out[f"{prefix}{key}"] = value
+        return out
+
+    wanted, trained = leaves(asked.as_dict()), leaves(kept.as_dict())
+    changed = [f"model.{k}={wanted[k]} (it has {trained[k]})" for k in sorted(wanted)  # None: auto
+               if k in trained and wanted[k] is not None and wanted[k] != trained[k]
+               and any(k == g or k.startswith(f"{g}.") for g in given)]
+    if changed:
+        raise ConfigError(f"checkpoint '{ckpt}' continues the model it was trained with, so "
+                          f"{'; '.join(changed)} would be ignored: drop the setting (the run's own "
+                          "config.yaml has the trained ones), or start a new run without --ckpt_path "
+                          "(model.weights=PATH starts from a checkpoint's weights)")

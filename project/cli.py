@@ -89,6 +89,8 @@ class ProjectCLI(LightningCLI):
             config.data.seed = config.seed_everything  # the training draw follows the run's seed
         check_optimizer_lr(config.model)
         if getattr(self, "asked_model", None) is not None:
+            from project.checkpoints import refuse_model_changes
+
             refuse_model_changes(self.asked_model, config.model, config.ckpt_path, self.given_model)
         trainer = config.trainer
         on_gpu = torch.cuda.is_available() and "cpu" not in str(trainer.get("accelerator") or "auto")
@@ -129,13 +131,10 @@ class ProjectCLI(LightningCLI):
         follow_task(self.model, self.trainer)
 
     def before_fit(self) -> None:
-        """Into a run folder that has one (resume, ``--run_dir``), after every check passed: the
-        CSV logger deletes its ``metrics.csv``, so the rows so far are kept beside it."""
-        csv_log = self.run_dir / "metrics.csv" if self.run_dir else None
-        if csv_log is not None and csv_log.is_file() and self.trainer.is_global_zero:
-            kept = csv_log.with_name(f"metrics-{len(list(self.run_dir.glob('metrics*.csv'))) - 1}.csv")
-            csv_log.rename(kept)
-            log.info("Notice: the CSV logger starts metrics.csv afresh; the rows so far are in %s", kept)
+        if self.run_dir is not None and self.trainer.is_global_zero:  # after every check passed
+            from project.runs import keep_csv_rows
+
+            keep_csv_rows(self.run_dir)
 
 
 def linked_preprocessing(backbone: str, weights: str | None, given):
@@ -167,30 +166,6 @@ def check_optimizer_lr(model: Namespace) -> None:
     raise ConfigError(f"model.optimizer.init_args.lr={given} is not read: every parameter group's learning "
                       f"rate comes from model.lr (now {model.get('lr')}, times head_lr_mult for the head); "
                       f"set model.lr={given} instead and leave model.optimizer.init_args.lr out")
-
-
-def refuse_model_changes(asked: Namespace, kept: Namespace, ckpt: str, given: set[str]) -> None:
-    """A run continued from a checkpoint keeps the model, optimiser and schedule it was trained
-    with (Lightning reads them from the checkpoint over the config): a model setting the command
-    line (``given``) asks for otherwise is refused, not silently dropped."""
-    def leaves(tree: dict, prefix: str = "") -> dict:
-        out = {}
-        for key, value in tree.items():
-            if isinstance(value, dict):
-                out.update(leaves(value, f"{prefix}{key}."))
-            else:
-                out[f"{prefix}{key}"] = value
-        return out
-
-    wanted, trained = leaves(asked.as_dict()), leaves(kept.as_dict())
-    changed = [f"model.{k}={wanted[k]} (it has {trained[k]})" for k in sorted(wanted)  # None: auto
-               if k in trained and wanted[k] is not None and wanted[k] != trained[k]
-               and any(k == g or k.startswith(f"{g}.") for g in given)]
-    if changed:
-        raise ConfigError(f"checkpoint '{ckpt}' continues the model it was trained with, so "
-                          f"{'; '.join(changed)} would be ignored: drop the setting (the run's own "
-                          "config.yaml has the trained ones), or start a new run without --ckpt_path "
-                          "(model.weights=PATH starts from a checkpoint's weights)")
 
 
 def follow_task(model, trainer) -> None:

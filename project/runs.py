@@ -114,3 +114,13 @@ def next_version(root: Path) -> str:
     taken = [int(p.name[8:]) for p in root.glob("version_*") if p.name[8:].isdigit()] if root.is_dir() else []
     return f"version_{max(taken, default=-1) + 1}"
 
+
+
+def keep_csv_rows(run_dir: Path) -> None:
+    """Into a run folder that has one (resume, ``--run_dir``): the CSV logger deletes its
+    ``metrics.csv``, so the rows so far are kept beside it."""
+    csv_log = run_dir / "metrics.csv"
+    if csv_log.is_file():
+        kept = csv_log.with_name(f"metrics-{len(list(run_dir.glob('metrics*.csv'))) - 1}.csv")
+        csv_log.rename(kept)
+        log.info("Notice: the CSV logger starts metrics.csv afresh; the rows so far are in %s", kept)
