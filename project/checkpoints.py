@@ -188,14 +188,7 @@ def refuse_model_changes(asked: Namespace, kept: Namespace, ckpt: str, given: se
     """A run continued from a checkpoint keeps the model, optimiser and schedule it was trained
     with (Lightning reads them from the checkpoint over the config): a model setting the command
     line (``given``) asks for otherwise is refused, not silently dropped."""
-    def leaves(tree: dict, prefix: str = "") -> dict:
-        out = {}
-        for key, value in tree.items():
-            if isinstance(value, dict):
-                out.update(leaves(value, f"{prefix}{key}."))
-            else:
-                out[f"{prefix}{key}"] = value
-        return out
+    from project.common.argv import leaves
 
     wanted, trained = leaves(asked.as_dict()), leaves(kept.as_dict())
     changed = [f"model.{k}={wanted[k]} (it has {trained[k]})" for k in sorted(wanted)  # None: auto

@@ -96,6 +96,24 @@ def test_unknown_key_fails_before_any_trial(tiny_data, tmp_path, capsys):
     assert not (tmp_path / "logs").exists()  # no database, no run folder
 
 
+def test_a_study_continues_only_with_the_settings_it_was_started_with(tiny_data, tmp_path, capsys):
+    """The settings are compared as parsed: an edited config file is another study (its name is
+    the same), a respelt argument is not."""
+    config = tmp_path / "mine.yaml"
+    config.write_text("model:\n  label_smoothing: 0.0\n")
+    args = ["sweep", "--sweep", str(_space(tmp_path)), "--n_trials", "0", "--study", "s",
+            *fit_args(tiny_data), "--config", str(config)]
+    assert cli(args, tmp_path) == 0  # no trial: the study and its settings only
+    respelt = [a for a in args if not a.startswith("--data.batch_size")] + ["--data.batch_size", "8"]
+    assert cli(respelt, tmp_path) == 0
+    config.write_text("model:\n  label_smoothing: 0.1\n")
+    capsys.readouterr()
+    assert cli(args, tmp_path) == 2
+    err = capsys.readouterr().err
+    assert "study 's' was started with other settings" in err
+    assert "config.model.label_smoothing: was 0.0, now 0.1" in err and "--study NEW_NAME" in err
+
+
 @pytest.mark.parametrize("storage", ["/proc/nope/study.log", "sqlite:////proc/nope/study.db",
                                      "{tmp}/notes.txt/study.log"])
 def test_a_storage_whose_folder_cannot_be_made_fails_before_any_trial(storage, tiny_data, tmp_path, capsys):

@@ -37,3 +37,12 @@ def check_renamed(argv: list[str]) -> None:
         raise ConfigError(f"{old} is now {RENAMED[old]}: rename it{example}")
 
 
+def leaves(tree: dict, prefix: str = "") -> dict:
+    """A nested config as ``{"model.input.size": 48, ...}``: one entry per setting, to compare."""
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out

@@ -19,6 +19,7 @@ import json
 import sys
 from pathlib import Path
 
+from project.common.argv import leaves
 from project.errors import ConfigError
 from project.extras.diagnose.tools import split_configs
 from project.extras.sweep import results
@@ -95,8 +96,9 @@ def main(argv: list[str]) -> int:
         storage = open_storage(url)
         study = open_study(name, storage, direction, a.pruner, a.sampler_seed)
         check_same_settings(study, json.loads(json.dumps({
-            "fit_args": base_args, "space": [dataclasses.asdict(p) for p in space],
-            "metric": a.metric, "direction": direction})))
+            "fit_args": base_args, "config": trained_settings(config),
+            "space": [dataclasses.asdict(p) for p in space], "metric": a.metric, "direction": direction},
+            default=str)))
     runner = TrialRunner(space, base_args, folder, url, a.metric, direction, a.pruner,
                          quiet=not a.show_output)
     print(f"Sweep '{name}': {len(space)} parameter(s), {a.n_trials} trials wanted, study in "
@@ -123,6 +125,12 @@ def report_only(name: str, storage: str | None) -> int:
     space = [Param(**{**p, "choices": tuple(p["choices"])}) for p in settings["space"]]
     report(study, space, settings["fit_args"], settings["metric"], SWEEP_ROOT / name)
     return 0
+
+
+def trained_settings(config) -> dict:
+    """Every setting the trials train with, as parsed from the config files and overrides (not
+    the files' names: an edited file is another study)."""
+    return {k: v for k, v in leaves(config.as_dict()).items() if k != "config" and not k.startswith("__")}
 
 
 def default_objective(config) -> tuple[str, str]:

@@ -184,15 +184,27 @@ def _trial_count(storage: BaseStorage, name: str) -> int:
 
 
 def check_same_settings(study: optuna.Study, settings: dict) -> None:
-    """A study continues only with the arguments it was started with: mixing trials of other
-    data or another space would make its best trial meaningless."""
+    """A study continues only with the settings it was started with: mixing trials of other data
+    or another space would make its best trial meaningless. ``settings["config"]`` holds every
+    training setting as parsed, so an edited config file counts and a respelt argument does not."""
     stored = study.user_attrs.get("settings")
     if stored is None:
         study.set_user_attr("settings", settings)
         return
-    changed = sorted(k for k in set(stored) | set(settings) if stored.get(k) != settings.get(k))
+    skip = {"fit_args"} if "config" in stored else {"config"}  # a study of an earlier version: its arguments
+    was, now = flat_settings(stored, skip), flat_settings(settings, skip)
+    changed = sorted(k for k in set(was) | set(now) if was.get(k) != now.get(k))
     if changed:
-        lines = [f"  {k}: was {stored.get(k)!r}, now {settings.get(k)!r}" for k in changed]
+        lines = [f"  {k}: was {was.get(k)!r}, now {now.get(k)!r}" for k in changed[:12]]
+        more = f"\n  ... and {len(changed) - 12} more" if len(changed) > 12 else ""
         raise ConfigError(f"study '{study.study_name}' was started with other settings:\n"
-                          + "\n".join(lines) + "\nrun it with the same arguments to continue it, "
-                          "or pass --study NEW_NAME for a new study")
+                          + "\n".join(lines) + more + "\nrun it with the same settings to continue "
+                          "it, or pass --study NEW_NAME for a new study")
+
+
+def flat_settings(settings: dict, skip: set[str]) -> dict:
+    """The stored settings with the training config's entries as ``config.model.lr`` and so on."""
+    out = {k: v for k, v in settings.items() if k not in skip | {"config"}}
+    if "config" not in skip:
+        out.update({f"config.{k}": v for k, v in (settings.get("config") or {}).items()})
+    return out
