@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -132,6 +133,18 @@ def test_streamed_labels_match_the_manifest_in_stored_order(chunks):
     assert [train[i][1] for i in range(len(train.targets))] == train.targets
     seen = [label for _, labels in dm.train_dataloader() for label in labels.tolist()]
     assert sorted(seen) == sorted(train.targets)  # every training image once per epoch
+
+
+def test_split_settings_other_than_the_shards_are_named_and_not_recorded(chunks, caplog):
+    """The shards hold optimize-data's split: a fit asking another says so, and its hparams
+    (hparams.yaml, TensorBoard) hold the split it trains on."""
+    dm = FolderDataModule(data_dir=str(chunks), val_fraction=0.4, split_seed=7, num_workers=0)
+    with caplog.at_level(logging.WARNING, logger="project"):
+        assert dm.class_names  # the manifest is read
+    notice = " ".join(r.getMessage() for r in caplog.records)
+    assert "data.val_fraction=0.4 (the shards': 0.15)" in notice and "data.split_seed=7" in notice
+    assert "--val-fraction 0.4 --split-seed 7" in notice and "test_fraction" not in notice
+    assert (dm.hparams.val_fraction, dm.hparams.split_seed, dm.hparams.test_fraction) == (0.15, 0, 0.15)
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 
 import torch
+from lightning.pytorch.utilities import rank_zero_only
 from litdata import StreamingDataLoader, StreamingDataset
 from litdata.streaming.sampler import ChunkedIndex
 from torch.utils.data import Dataset
@@ -24,6 +25,9 @@ from project.data.samplers import SEED_RANGE, EpochSampler, epoch_seed
 from project.errors import ConfigError
 from project.extras.streaming import objects
 from project.extras.streaming.optimize import FORMAT, MANIFEST, read_manifest
+
+SPLIT_SETTINGS = ("val_fraction", "test_fraction", "split_seed")  # optimize-data's, fixed in the shards
+log = logging.getLogger("project")
 
 
 class _DropLastNotice(logging.Filter):
@@ -121,6 +125,20 @@ class Streamed:
     def __init__(self, dm) -> None:
         self.dm = dm
         self.manifest = load_manifest(dm.data_dir)
+        self.follow_shards_split()
+
+    def follow_shards_split(self) -> None:
+        """The shards hold optimize-data's split: other data.* split settings cannot apply, so the
+        run says so and records the shards' values (hparams.yaml, TensorBoard's HPARAMS)."""
+        made = self.manifest.get("settings", {})
+        hp = self.dm.hparams
+        other = {k: (hp[k], made[k]) for k in SPLIT_SETTINGS if k in made and hp.get(k) != made[k]}
+        if other and rank_zero_only.rank == 0:
+            asked = ", ".join(f"data.{k}={a} (the shards': {b})" for k, (a, b) in other.items())
+            again = " ".join(f"--{k.replace('_', '-')} {a}" for k, (a, _) in other.items())
+            log.warning("Notice: %s not applied: '%s' holds the split optimize-data made; make the shards "
+                        "again with %s to change it", asked, self.dm.data_dir, again)
+        hp.update({k: b for k, (_, b) in other.items()})
 
     def dataset(self, split: str) -> StreamingImages:
         """Training shuffles (LitData's chunk-then-item shuffle) and, under DDP, drops the
