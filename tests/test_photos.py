@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -199,6 +200,16 @@ def test_resize_data_keeps_the_layout_skips_bad_files_and_reruns_as_a_no_op(tmp_
     assert "5 written, 0 copied, 0 up to date" in capsys.readouterr().out
     with Image.open(out / "train" / "cat" / "a.jpg") as img:
         assert img.size == (170, 128)
+
+    # a relabelled, a deleted and a now unreadable source: out trains as src does
+    (src / "train" / "cat" / "rot.jpg").rename(src / "train" / "dog" / "rot.jpg")
+    shutil.rmtree(src / "train" / "dog" / "deep")
+    (src / "val" / "dog" / "small.jpg").write_bytes(b"broken")
+    assert resize_data([str(src), str(out), "--side", "128", "--workers", "1"]) == 0
+    assert "1 written, 0 copied, 2 up to date, 2 skipped, 3 removed" in capsys.readouterr().out
+    made = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    assert made == [MANIFEST, "train", "train/cat", "train/cat/a.jpg", "train/dog", "train/dog/rot.jpg",
+                    "val", "val/cat", "val/cat/c.jpg"]
 
 
 def test_resize_data_without_any_image_fails(tmp_path, capsys):

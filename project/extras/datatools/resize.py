@@ -11,8 +11,9 @@ copied as it is (no second JPEG compression). Non-image files are left out, as t
 ignores them.
 
 Re-runnable: an output newer than its source is kept ("up to date"), so a second run is a
-no-op and an interrupted one continues; every file is written under a temporary name and
-renamed, never half-written. Undecodable files are skipped and listed with the reason.
+no-op and an interrupted one continues; an image whose source is gone (moved to another class,
+deleted, or now unreadable) is removed, so OUT trains as SRC does. Every file is written under a
+temporary name and renamed, never half-written. Undecodable files are skipped and listed with the reason.
 Exit status 0 when OUT holds at least one image, else 2.
 """
 
@@ -101,7 +102,7 @@ def run(src: Path, out: Path, side: int, workers: int, quality: int) -> tuple[di
     redo = before is not None and before != settings  # other settings: every output is stale
     if redo:
         print(f"{out} was made with {before}: redoing every image with {settings}")
-    outcome: dict[str, list] = {"written": [], "copied": [], "up to date": [], "skipped": []}
+    outcome: dict[str, list] = {"written": [], "copied": [], "up to date": [], "skipped": [], "removed": []}
     todo: list[tuple[str, str]] = []
     for path in list_images(src):
         target = str(out / os.path.relpath(path, src))
@@ -125,9 +126,25 @@ def run(src: Path, out: Path, side: int, workers: int, quality: int) -> tuple[di
             futures: dict[Future, str] = {pool.submit(_task, p, t, side, quality): p for p, t in todo}
             for future in as_completed(futures):
                 record(futures[future], *future.result())
+    if before is not None:  # OUT is this command's: an image whose source is gone would still train
+        made = set(outcome["up to date"] + outcome["written"] + outcome["copied"])
+        outcome["removed"] = remove_stale(out, {str(out / os.path.relpath(p, src)) for p in made})
     if before != settings and (outcome["written"] or outcome["copied"]):
         write_text(manifest, json.dumps(settings) + "\n")
     return outcome, reasons
+
+
+def remove_stale(out: Path, kept: set[str]) -> list[str]:
+    """Delete the images of ``out`` that no readable source image made (moved, deleted or now
+    undecodable in ``src``), and the folders that leaves empty; their paths."""
+    stale = [path for path in list_images(out) if path not in kept]
+    for path in stale:
+        os.remove(path)
+        folder = Path(path).parent
+        while folder != out and not any(folder.iterdir()):
+            folder.rmdir()
+            folder = folder.parent
+    return stale
 
 
 def main(argv: list[str]) -> int:
