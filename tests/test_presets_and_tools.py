@@ -6,6 +6,7 @@ import functools
 import importlib
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -90,10 +91,24 @@ def test_overfit_passes_on_a_healthy_model_and_names_the_causes_of_a_failure(tin
 
 
 @pytest.mark.slow
-def test_lr_find_suggests_a_learning_rate(tiny_data, tmp_path, capsys):
-    assert cli(["lr-find", *fit_args(tiny_data), "--num_training", "20", "--output",
-                str(tmp_path / "lr.png")], tmp_path) in (0, 1)
+def test_lr_find_and_find_batch_size_suggest_settings_for_the_users_own_command(tiny_data, tmp_path, capsys):
+    """lr-find's LR is applied to every layer as it is: with lr_scaling, model.lr is that LR
+    unscaled (batch 8 of base 64: x8). Both print the fit command of the user's own config."""
+    args = fit_args(tiny_data, "--model.lr_scaling=linear", epochs=10)  # 20 steps of 4 batches an epoch
+    assert cli(["lr-find", *args, "--num_training", "20", "--output", str(tmp_path / "lr.png")],
+               tmp_path) == 0
     assert (tmp_path / "lr.png").read_bytes().startswith(b"\x89PNG")
+    out = capsys.readouterr().out
+    applied = float(re.search(r"Suggested learning rate: ([0-9.e-]+)", out).group(1))
+    command = re.search(r"Use it with: (.*)", out).group(1)
+    assert command.startswith(f"python -m project fit --config {TRAIN_CONFIG} --data.data_dir={tiny_data}")
+    assert float(command.rsplit("--model.lr=", 1)[1]) == pytest.approx(applied * 8, rel=0.01)
+    assert "lr_scaling=linear multiplies it by 0.125 for this global batch of 8" in out
+
+    assert cli(["find-batch-size", *fit_args(tiny_data), "--max_trials", "2"], tmp_path) == 0
+    out = capsys.readouterr().out
+    assert "Batch size 4 fits; the search stopped at --max_trials 2" in out
+    assert f"python -m project fit --config {TRAIN_CONFIG} " in out and " --data.batch_size=4 " in out
 
 
 @pytest.mark.slow

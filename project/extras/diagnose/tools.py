@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
 import lightning as L
@@ -133,9 +134,31 @@ def lr_find(argv: list[str]) -> int:
     if suggestion is None:
         print("No suggestion: the loss curve has no clear descent (try more --num_training).")
         return 1
-    print(f"Suggested learning rate: {suggestion:.3g}\nUse it with: "
-          f"make train ARGS=\"--model.lr={suggestion:.3g}\"")
+    factor, batch = lr_factor(cli)
+    lr = suggestion / factor  # the finder sets every group's LR; model.lr is scaled, then applied
+    scaled = (f"; as model.lr {lr:.3g}: lr_scaling={cli.model.hparams.lr_scaling} multiplies it by "
+              f"{factor:.3g} for this global batch of {batch}" if factor != 1 else "")
+    print(f"Suggested learning rate: {suggestion:.3g}, applied to every layer{scaled}\nUse it with: "
+          f"{fit_command(overrides, f'--model.lr={lr:.3g}')}")
     return 0
+
+
+def lr_factor(cli) -> tuple[float, int]:
+    """(what ``model.lr_scaling`` multiplies ``model.lr`` by in this run, the global batch)."""
+    from project.model import schedule
+
+    model, t = cli.model, cli.trainer
+    batch = schedule.global_batch_size(model.per_device_batch, t.num_devices, t.num_nodes,
+                                       t.accumulate_grad_batches)
+    return schedule.scaled_lr(1.0, batch, model.hparams.base_batch_size, model.hparams.lr_scaling), batch
+
+
+def fit_command(overrides: list[str], setting: str) -> str:
+    """The fit command of the tool's own config and overrides, with ``setting`` in place of theirs."""
+    key = setting.split("=", 1)[0]
+    configs, rest = split_configs(overrides)
+    kept = [a for a in rest if a.split("=", 1)[0] != key]
+    return " ".join(["python -m project fit", *map(shlex.quote, [*configs, *kept, setting])])
 
 
 def find_batch_size(argv: list[str]) -> int:
@@ -147,7 +170,15 @@ def find_batch_size(argv: list[str]) -> int:
     cli = build([], overrides)
     size = Tuner(cli.trainer).scale_batch_size(cli.model, datamodule=cli.datamodule, mode=a.mode,
                                                max_trials=a.max_trials, init_val=2)
-    print(f"Largest batch size that fits: {size} (tried up to {2 ** (a.max_trials + 1)})\n"
-          f"Use it with: make train ARGS=\"--data.batch_size={size}\" (and consider "
+    train = len(cli.datamodule.datasets.get("train") or [])
+    if size >= train:  # Lightning's search never goes past the split
+        found = (f"Batch size {size}: the training split has {train} images, so no larger batch was "
+                 "tried (memory was not the limit)")
+    elif size >= 2 ** a.max_trials:  # doubling from 2, --max_trials times
+        found = (f"Batch size {size} fits; the search stopped at --max_trials {a.max_trials} before "
+                 "memory ran out (raise it to try larger)")
+    else:
+        found = f"Largest batch size that fits: {size} (a larger one ran out of memory)"
+    print(f"{found}\nUse it with: {fit_command(overrides, f'--data.batch_size={size}')} (and consider "
           "--model.lr_scaling=linear so the learning rate follows the batch)")
     return 0
