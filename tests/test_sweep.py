@@ -114,6 +114,15 @@ def test_a_study_continues_only_with_the_settings_it_was_started_with(tiny_data,
     assert "config.model.label_smoothing: was 0.0, now 0.1" in err and "--study NEW_NAME" in err
 
 
+def test_a_loss_or_error_metric_is_minimised_unless_told(tiny_data, tmp_path, capsys):
+    for metric, direction in (("val/loss", "minimize"), ("val/per_output/mae/age", "minimize"),
+                              ("val/macro_f1", "maximize")):
+        assert cli(["sweep", "--sweep", str(_space(tmp_path)), "--n_trials", "0", "--study", metric[4:9],
+                    "--metric", metric, *fit_args(tiny_data)], tmp_path) == 0
+        assert f"{direction} {metric}," in capsys.readouterr().out
+        assert _study(tmp_path, metric[4:9]).direction.name == direction.upper()
+
+
 @pytest.mark.parametrize("storage", ["/proc/nope/study.log", "sqlite:////proc/nope/study.db",
                                      "{tmp}/notes.txt/study.log"])
 def test_a_storage_whose_folder_cannot_be_made_fails_before_any_trial(storage, tiny_data, tmp_path, capsys):

@@ -38,6 +38,7 @@ from project.extras.sweep.trials import TRIAL_ARGS, TrialFailed, TrialRunner, ru
 from project.extras.sweep.workers import claim_lock
 
 DIRECTIONS = {"max": "maximize", "maximize": "maximize", "min": "minimize", "minimize": "minimize"}
+LOWER_IS_BETTER = ("loss", "mae", "mse", "error", "ece", "nll")  # a part of the name ends in one
 
 
 def parser() -> argparse.ArgumentParser:
@@ -60,7 +61,8 @@ def parser() -> argparse.ArgumentParser:
                    help="the validation metric to optimise (default: the task's, as the best "
                         "checkpoint's: val/acc; multi-label data: val/map; regression: val/mae)")
     p.add_argument("--direction", default=None, choices=sorted(DIRECTIONS),
-                   help="default: the task's for its metric, else max")
+                   help="default: the task's for its metric; min for a loss or error (a part of "
+                        f"the name ending in {', '.join(LOWER_IS_BETTER)}); else max")
     p.add_argument("--pruner", default="median:3:1",
                    help="median[:STARTUP_TRIALS[:WARMUP_EPOCHS]], halving[:WARMUP_EPOCHS] or none")
     p.add_argument("--seeds", type=int, default=0,
@@ -88,7 +90,7 @@ def main(argv: list[str]) -> int:
     # before any trial or database: every key and value, and the trial's own arguments
     config = check_against_config(space, base_args, a.sweep, tuple(TRIAL_ARGS))
     metric, mode = default_objective(config)
-    direction = DIRECTIONS[a.direction or (mode if a.metric in (None, metric) else "max")]
+    direction = DIRECTIONS[a.direction or (mode if a.metric in (None, metric) else better(a.metric))]
     a.metric = a.metric or metric
     url = storage_url(name, a.storage)
     check_storage_folder(url)
@@ -101,8 +103,8 @@ def main(argv: list[str]) -> int:
             default=str)))
     runner = TrialRunner(space, base_args, folder, url, a.metric, direction, a.pruner,
                          quiet=not a.show_output)
-    print(f"Sweep '{name}': {len(space)} parameter(s), {a.n_trials} trials wanted, study in "
-          f"{shown(url)}; runs in {folder.resolve()}/", flush=True)
+    print(f"Sweep '{name}': {len(space)} parameter(s), {direction} {a.metric}, {a.n_trials} trials wanted, "
+          f"study in {shown(url)}; runs in {folder.resolve()}/", flush=True)
     interrupted = False
     try:
         run_study(study, storage, runner, a.n_trials, a.timeout, a.max_failures, a.heartbeat)
@@ -131,6 +133,11 @@ def trained_settings(config) -> dict:
     """Every setting the trials train with, as parsed from the config files and overrides (not
     the files' names: an edited file is another study)."""
     return {k: v for k, v in leaves(config.as_dict()).items() if k != "config" and not k.startswith("__")}
+
+
+def better(metric: str) -> str:
+    """min for a loss or an error (``val/loss``, ``val/per_output/mae/age``), else max."""
+    return "min" if any(part.endswith(LOWER_IS_BETTER) for part in metric.split("/")[1:]) else "max"
 
 
 def default_objective(config) -> tuple[str, str]:
