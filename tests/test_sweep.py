@@ -123,6 +123,17 @@ def test_a_loss_or_error_metric_is_minimised_unless_told(tiny_data, tmp_path, ca
         assert _study(tmp_path, metric[4:9]).direction.name == direction.upper()
 
 
+def test_run_folders_of_a_study_whose_storage_is_gone_are_not_written_into(tiny_data, tmp_path, capsys):
+    old = tmp_path / "logs/sweeps/s/trial_000"
+    old.mkdir(parents=True)
+    (old / "config.yaml").write_text("another study's run")
+    assert cli(["sweep", "--sweep", str(_space(tmp_path)), "--n_trials", "1", "--study", "s",
+                *fit_args(tiny_data)], tmp_path) == 2
+    err = capsys.readouterr().err
+    assert "holds run folders (trial_000) of trials that study 's'" in err and "--study NEW_NAME" in err
+    assert (old / "config.yaml").read_text() == "another study's run"
+
+
 @pytest.mark.parametrize("storage", ["/proc/nope/study.log", "sqlite:////proc/nope/study.db",
                                      "{tmp}/notes.txt/study.log"])
 def test_a_storage_whose_folder_cannot_be_made_fails_before_any_trial(storage, tiny_data, tmp_path, capsys):

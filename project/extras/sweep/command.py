@@ -28,6 +28,7 @@ from project.extras.sweep.study import (
     SWEEP_ROOT,
     check_same_settings,
     check_storage_folder,
+    check_trial_folders,
     load_study,
     open_storage,
     open_study,
@@ -101,6 +102,7 @@ def main(argv: list[str]) -> int:
             "fit_args": base_args, "config": trained_settings(config),
             "space": [dataclasses.asdict(p) for p in space], "metric": a.metric, "direction": direction},
             default=str)))
+        check_trial_folders(study, folder, url)
     runner = TrialRunner(space, base_args, folder, url, a.metric, direction, a.pruner,
                          quiet=not a.show_output)
     print(f"Sweep '{name}': {len(space)} parameter(s), {direction} {a.metric}, {a.n_trials} trials wanted, "

@@ -208,3 +208,16 @@ def flat_settings(settings: dict, skip: set[str]) -> dict:
     if "config" not in skip:
         out.update({f"config.{k}": v for k, v in (settings.get("config") or {}).items()})
     return out
+
+
+def check_trial_folders(study: optuna.Study, folder: Path, url: str) -> None:
+    """Trial folders numbered past the study's trials are another study's of the same name (its
+    storage deleted or elsewhere): a new trial would write its run into one, beside the old."""
+    found = [p for p in folder.glob("trial_[0-9][0-9][0-9]") if p.is_dir() and any(p.iterdir())]
+    count = len(study.trials)  # after the listing: another worker's new folder has its trial by then
+    stale = sorted(p.name for p in found if int(p.name[6:]) >= count)
+    if stale:
+        named = ", ".join(stale[:3]) + (", ..." if len(stale) > 3 else "")
+        raise ConfigError(f"{folder}/ holds run folders ({named}) of trials that study "
+                          f"'{study.study_name}' in {shown(url)} does not have: move them away, or "
+                          "pass --study NEW_NAME")
