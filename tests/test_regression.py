@@ -15,7 +15,7 @@ import torch
 
 from project.checkpoints import load_model, read_checkpoint
 from project.data.tables import discover_table
-from tests.conftest import QUICK, best_ckpt, cli, fit_args, one_error, only_run, scalars
+from tests.conftest import QUICK, REPO, best_ckpt, cli, fit_args, one_error, only_run, scalars
 from tests.test_schedule import EVERY_EPOCH, straight_and_resumed
 
 REG_ARGS = ("--model.input.crop_ratio=1.0",)  # 32 px at 32 px: predict and infer read the same pixels
@@ -175,6 +175,16 @@ def test_a_sweep_over_numbers_minimises_val_mae(count_data):
 
     config = Namespace({"data.labels": str(count_data / "labels.csv"), "data.data_dir": str(count_data)})
     assert default_objective(config) == ("val/mae", "min")
+
+
+def test_a_sweep_of_settings_a_regression_refuses_stops_before_any_trial(count_data, tmp_path, capsys):
+    """The shipped search space tries label smoothing, which a regression refuses: one line
+    naming the space file and the key, before any trial or study."""
+    assert cli(["sweep", "--sweep", str(REPO / "configs/sweep.yaml"), "--n_trials", "2",
+                *reg_args(count_data, epochs=1)], tmp_path) == 2
+    error = one_error(capsys.readouterr().err)
+    assert "configs/sweep.yaml: 'model.label_smoothing': 0.2 is not for this data" in error
+    assert "a regression learns numbers" in error and not (tmp_path / "logs").exists()
 
 
 @pytest.mark.slow

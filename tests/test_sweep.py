@@ -257,3 +257,15 @@ def test_pruner_stops_a_trial_with_lr_zero(tiny_data, tmp_path, capsys):
     run = tmp_path / "logs/sweeps/prune/trial_002"
     assert len(scalars(run)["val/acc"]) == 1
     assert "PRUNED" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_sweep_stopped_by_failed_trials_still_writes_its_table(tiny_data, tmp_path, capsys):
+    space = _space(tmp_path, "model.backbone: {choice: [resnet18x]}\n")  # parses, fails when built
+    assert cli(["sweep", "--sweep", str(space), "--study", "bad", "--n_trials", "2", "--max_failures", "1",
+                *fit_args(tiny_data, epochs=1)], tmp_path) == 2
+    captured = capsys.readouterr()
+    assert "1 trials in a row failed" in captured.err
+    assert "1 trials: 0 complete, 0 pruned, 1 failed" in captured.out
+    with open(tmp_path / "logs/sweeps/bad/trials.csv") as f:
+        assert [r["state"] for r in csv.DictReader(f)] == ["FAIL"]

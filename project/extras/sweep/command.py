@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from project.common.argv import leaves
-from project.errors import ConfigError
+from project.errors import ConfigError, ProjectError
 from project.extras.diagnose.tools import split_configs
 from project.extras.sweep import results
 from project.extras.sweep.space import Param, check_against_config, load_space
@@ -90,7 +90,9 @@ def main(argv: list[str]) -> int:
     folder = SWEEP_ROOT / name
     # before any trial or database: every key and value, and the trial's own arguments
     config = check_against_config(space, base_args, a.sweep, tuple(TRIAL_ARGS))
-    metric, mode = default_objective(config)
+    task = data_task(config)
+    check_task_settings(space, config, task, a.sweep)
+    metric, mode = task.monitor, task.mode
     direction = DIRECTIONS[a.direction or (mode if a.metric in (None, metric) else better(a.metric))]
     a.metric = a.metric or metric
     url = storage_url(name, a.storage)
@@ -114,6 +116,9 @@ def main(argv: list[str]) -> int:
         interrupted = True
         print("\nInterrupted: the running trial is marked FAIL; run the same command again to "
               "complete the study.", file=sys.stderr)
+    except ProjectError:  # failed trials in a row: the table and best.yaml of those that finished
+        report(study, space, base_args, a.metric, folder)
+        raise
     best_command = report(study, space, base_args, a.metric, folder)
     if best_command and a.seeds and not interrupted:
         seed_runs(study, space, runner, int(config.get("seed_everything") or 0), a.seeds, a.metric, folder)
@@ -142,9 +147,9 @@ def better(metric: str) -> str:
     return "min" if any(part.endswith(LOWER_IS_BETTER) for part in metric.split("/")[1:]) else "max"
 
 
-def default_objective(config) -> tuple[str, str]:
-    """(metric, max or min): what the task of the config's data chooses its best checkpoint by
-    (val/acc; multi-label data: val/map; numbers: the lowest val/mae)."""
+def data_task(config):
+    """The task class of the config's data, which chooses the metric a sweep follows by default
+    (as the best checkpoint does: val/acc; multi-label data: val/map; numbers: the lowest val/mae)."""
     from project import tasks
 
     task, labels = config.get("data.task") or "auto", config.get("data.labels")
@@ -152,8 +157,27 @@ def default_objective(config) -> tuple[str, str]:
         from project.data.tables import read_table
 
         task = read_table(labels, config.get("data.data_dir"), task=task).task or task
-    cls = tasks.task_class(None if task == "auto" else task)
-    return cls.monitor, cls.mode
+    return tasks.task_class(None if task == "auto" else task)
+
+
+def default_objective(config) -> tuple[str, str]:
+    """(metric, max or min) a sweep of the config's data follows by default."""
+    task = data_task(config)
+    return task.monitor, task.mode
+
+
+def check_task_settings(space: list[Param], config, task, where: str) -> None:
+    """Each end of the space's model settings against what the data's task accepts (a regression
+    refuses label smoothing): one line now, not one failed trial after another."""
+    model = config.get("model").as_dict()
+    checker = task.__new__(task)  # Task.check reads the settings given, not the task's state
+    for param in space:
+        key = param.key.removeprefix("model.")
+        for value in param.samples() if param.key.startswith("model.") else []:
+            try:
+                checker.check({**model, key: value})
+            except ConfigError as err:
+                raise ConfigError(f"{where}: '{param.key}': {value!r} is not for this data: {err}") from None
 
 
 def report(study, space: list[Param], base_args: list[str], metric: str, folder: Path) -> str | None:
