@@ -101,9 +101,11 @@ def test_a_study_continues_only_with_the_settings_it_was_started_with(tiny_data,
     the same), a respelt argument is not."""
     config = tmp_path / "mine.yaml"
     config.write_text("model:\n  label_smoothing: 0.0\n")
-    args = ["sweep", "--sweep", str(_space(tmp_path)), "--n_trials", "0", "--study", "s",
+    space = _space(tmp_path, SPACE + "model.head_lr_mult: {choice: [3, 10]}\n")
+    args = ["sweep", "--sweep", str(space), "--n_trials", "0", "--study", "s",
             *fit_args(tiny_data), "--config", str(config)]
     assert cli(args, tmp_path) == 0  # no trial: the study and its settings only
+    assert "searches model.head_lr_mult, which changes nothing from random weights" in capsys.readouterr().out
     respelt = [a for a in args if not a.startswith("--data.batch_size")] + ["--data.batch_size", "8"]
     assert cli(respelt, tmp_path) == 0
     config.write_text("model:\n  label_smoothing: 0.1\n")
@@ -132,6 +134,18 @@ def test_run_folders_of_a_study_whose_storage_is_gone_are_not_written_into(tiny_
     err = capsys.readouterr().err
     assert "holds run folders (trial_000) of trials that study 's'" in err and "--study NEW_NAME" in err
     assert (old / "config.yaml").read_text() == "another study's run"
+
+
+def test_a_plot_skipped_now_leaves_no_earlier_one_behind(tmp_path):
+    from project.extras.sweep.results import save_plots
+
+    study = optuna.create_study()
+    x = optuna.distributions.FloatDistribution(0, 1)
+    for value in (0.1, 0.2):  # the same result: no importance to plot
+        study.add_trial(optuna.trial.create_trial(params={"x": value}, distributions={"x": x}, value=0.5))
+    (tmp_path / "importance.png").write_bytes(b"an earlier report's")
+    assert [n.split(":")[0] for n in save_plots(study, tmp_path)] == ["importance.png skipped"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["curves.png", "history.png"]
 
 
 @pytest.mark.parametrize("storage", ["/proc/nope/study.log", "sqlite:////proc/nope/study.db",

@@ -92,6 +92,9 @@ def main(argv: list[str]) -> int:
     config = check_against_config(space, base_args, a.sweep, tuple(TRIAL_ARGS))
     task = data_task(config)
     check_task_settings(space, config, task, a.sweep)
+    if config.get("model.weights") is None and any(p.key == "model.head_lr_mult" for p in space):
+        print(f"Notice: {a.sweep} searches model.head_lr_mult, which changes nothing from random weights "
+              "(model.weights: null: every layer is new and learns at model.lr); its column is noise")
     metric, mode = task.monitor, task.mode
     direction = DIRECTIONS[a.direction or (mode if a.metric in (None, metric) else better(a.metric))]
     a.metric = a.metric or metric
@@ -190,7 +193,8 @@ def report(study, space: list[Param], base_args: list[str], metric: str, folder:
           f"{states.count('FAIL')} failed. Table: {folder / 'trials.csv'}")
     for note in results.save_plots(study, folder):
         print(f"  ({note})")
-    print(f"Plots: {folder}/history.png, importance.png, curves.png. "
+    made = [name for name in ("history.png", "importance.png", "curves.png") if (folder / name).is_file()]
+    print(f"Plots: {folder}/{', '.join(made) or '(none yet)'}. "
           f"TensorBoard HPARAMS: tensorboard --logdir {folder}")
     if results.best_trial(study) is None:
         print("No trial has finished yet, so there is no best configuration.")
