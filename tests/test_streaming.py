@@ -218,6 +218,8 @@ def test_undecodable_files_are_named_and_left_out(tiny_data, tmp_path, capsys):
 
 
 def test_bad_paths_and_incomplete_output_are_refused(tiny_data, tmp_path):
+    from project.extras.streaming import optimize
+
     with pytest.raises(ConfigError, match="is not a folder"):
         check_paths(tmp_path / "missing", tmp_path / "out")
     with pytest.raises(ConfigError, match="inside it"):
@@ -228,6 +230,14 @@ def test_bad_paths_and_incomplete_output_are_refused(tiny_data, tmp_path):
     assert not FolderDataModule(str(half)).streaming  # chunks without project.json: not complete
     with pytest.raises(ConfigError, match="not an optimized data set"):
         check_paths(tiny_data, half)
+    flat = tmp_path / "flat"  # images and a labels table: training reads it, optimize-data cannot
+    flat.mkdir()
+    shutil.copy(next(tiny_data.rglob("*.png")), flat / "a.png")
+    (flat / "labels.csv").write_text("image,label\na.png,cat\n")
+    with pytest.raises(ConfigError, match=r"but a labels table \(labels.csv\): optimize-data packs"):
+        settings = {"val_fraction": 0.15, "test_fraction": 0.15, "split_seed": 0, "max_side": None,
+                    "chunk_bytes": "1MB"}
+        optimize.run(flat, tmp_path / "flat-shards", settings, 1)
 
 
 def test_interrupted_optimize_leaves_no_output(tiny_data, tmp_path, monkeypatch):

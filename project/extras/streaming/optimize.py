@@ -121,7 +121,14 @@ def run(src: Path, out: Path, settings: dict, workers: int) -> tuple[dict, bool]
     before = read_manifest(out)
     if up_to_date(before, stamp):
         return before, False
-    splits = discover(src, settings["val_fraction"], settings["test_fraction"], settings["split_seed"])
+    try:
+        splits = discover(src, settings["val_fraction"], settings["test_fraction"], settings["split_seed"])
+    except DataFolderError:
+        tables = sorted(p.name for p in src.glob("*.csv"))
+        if not tables:
+            raise
+        raise ConfigError(f"'{src}' has no class folders but a labels table ({tables[0]}): optimize-data "
+                          "packs class folders only; train from the folder itself with data.labels") from None
     partial_dir = out.parent / f".{out.name}.partial-{os.getpid()}"
     shutil.rmtree(partial_dir, ignore_errors=True)
     try:
