@@ -163,6 +163,46 @@ def test_check_data_finds_resized_cropped_and_reencoded_copies_across_splits(dat
     assert len(leak_pairs(tmp_path / "out")) > len(planted)
 
 
+def test_check_data_splits_one_folder_as_training_does(data, trained_run, tmp_path, capsys):
+    """Without split folders every image was counted as train, so no copy was ever a leak: the
+    splits are training's seeded ones (the run's split settings), leaks and --drop-leaks too."""
+    from project.data.folders import discover
+
+    flat = tmp_path / "flat"
+    for image in sorted(data.rglob("*.png")):
+        (flat / image.parent.name).mkdir(parents=True, exist_ok=True)
+        shutil.copy(image, flat / image.parent.name / f"{image.parent.parent.name}-{image.name}")
+    for k, image in enumerate(sorted(flat.rglob("*.png"))[::9]):  # re-uploads beside their originals
+        Image.open(image).convert("RGB").save(image.parent / f"copy{k}.jpg", quality=90)
+    splits = discover(flat)
+    split_of = {Path(s.path).relative_to(flat).as_posix(): name for name in ("train", "val", "test")
+                for s in getattr(splits, name)}
+    assert cli(["check-data", str(flat), "--ckpt_path", str(trained_run), "--cache", str(tmp_path / "cache"),
+                "--out", str(tmp_path / "out"), "--drop-leaks"], tmp_path) == 0
+    with open(tmp_path / "out" / "near_duplicates.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and all((r["split_a"], r["split_b"]) == (split_of[r["image_a"]], split_of[r["image_b"]])
+                        for r in rows)
+    assert leak_pairs(tmp_path / "out")  # some copy drew another split than its original
+    with open(tmp_path / "out" / "labels_without_leaks.csv", newline="") as f:
+        kept = list(csv.DictReader(f))
+    assert {r["split"] for r in kept} == {"train", "val", "test"}
+    assert all(r["split"] == split_of[r["image"]] for r in kept)
+
+
+def test_a_configs_split_seed_splits_the_images_it_names(tiny_data, tmp_path):
+    from project.data.folders import discover
+    from project.extras.embeddings.sources import labeled_splits
+
+    flat = Path(shutil.copytree(tiny_data / "train", tmp_path / "flat"))
+    config = tmp_path / "c.yaml"
+    config.write_text("data:\n  split_seed: 7\n  seed: 3\n  val_fraction: 0.3\n")  # seed: the draws'
+    paths = [[s.path for s in getattr(splits, name)] for name in ("train", "val", "test")
+             for splits in (labeled_splits(None, None, str(flat), config=str(config)),
+                            discover(flat, 0.3, 0.15, seed=7))]
+    assert paths[0::2] == paths[1::2] and paths[0] != [s.path for s in discover(flat, 0.3).train]
+
+
 def leak_pairs(out: Path) -> set[frozenset[str]]:
     """The pairs across splits of check-data's near_duplicates.csv."""
     with open(out / "near_duplicates.csv", newline="") as f:

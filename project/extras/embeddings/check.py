@@ -11,12 +11,13 @@ from pathlib import Path
 
 import numpy as np
 
-from project.common.files import atomic_path, list_images
+from project.common.files import atomic_path
+from project.data.folders import DataFolderError
 from project.errors import ProjectError
 from project.extras.embeddings.cache import embed
 from project.extras.embeddings.copies import agreement
 from project.extras.embeddings.neighbours import likeness_to_class, look_alike_classes, near_pairs
-from project.extras.embeddings.sources import add_network_args, network_from_args
+from project.extras.embeddings.sources import add_network_args, labeled_splits, network_from_args
 
 log = logging.getLogger("project")
 # the defaults of --near and --pixels: benchmarks/embeddings.py (MNIST at 64 px, ImageNet
@@ -26,6 +27,7 @@ PIXELS = 0.99  # aligned grey pixels: every re-upload 0.993 or more, 14 look-ali
 FIELDS = ("image_a", "image_b", "similarity", "split_a", "split_b", "pixels")  # near_duplicates.csv
 SHEET_PAIRS = 12  # pairs on near_duplicates.png
 SHOWN = 5  # lines of each list printed
+Labeled = tuple[str, str, str]  # (split, label, path)
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -48,20 +50,15 @@ def wanted(a: argparse.Namespace) -> bool:
     return bool(a.ckpt_path or a.config or run_dirs())
 
 
-def labeled_images(data_dir: str, labels: str | None) -> list[tuple[str, str, str]]:
-    """(split, label, path) of every image of the folder or table (the split "train" where none)."""
-    root = Path(data_dir)
-    if labels:
-        from project.data.tables import read_table
-
-        table = read_table(labels, data_dir)
-        return [(r.split or "train", table.labels.text(r.label), str(root / r.image)) for r in table.rows
-                if (root / r.image).is_file()]
-    from project.data.folders import layout
-
-    base, classes, splits = layout(root)
-    return [(split, cls, p) for split, folder in {"train": base, **splits}.items() for cls in classes
-            for p in list_images(folder / cls)]
+def labeled_images(a: argparse.Namespace, network, ckpt: Path | None) -> tuple[list[Labeled], bool]:
+    """((split, label, path) of every image, whether each has one class), split as training splits
+    it (the checkpoint's or the config's split settings): a folder or table without its own split
+    gets the seeded one."""
+    splits = labeled_splits(ckpt, network, a.data_dir, a.labels, getattr(a, "config", None))
+    samples = [(split, s) for split in ("train", "val", "test") for s in getattr(splits, split)]
+    one_class = all(isinstance(s.label, int) for _, s in samples)  # a class index; else a task's encoding
+    return [(split, splits.classes[s.label] if one_class else str(s.label), s.path)
+            for split, s in samples], one_class
 
 
 def write_csv(path: Path, fields: list[str], rows: list[dict]) -> None:
@@ -79,12 +76,15 @@ def report(a: argparse.Namespace) -> str:
     if not 0 <= a.pixels <= 1:
         raise ProjectError(f"--pixels must be a correlation in [0, 1], got {a.pixels}")
     try:
-        network, _ = network_from_args(a)
+        network, ckpt = network_from_args(a)
     except ProjectError as err:
         if a.ckpt_path or a.config:
             raise
         return f"Notice: no near-duplicate check: the newest run's network does not load ({err})"
-    images = labeled_images(a.data_dir, a.labels)
+    try:
+        images, classes = labeled_images(a, network, ckpt)
+    except DataFolderError as err:
+        return f"Notice: no near-duplicate check: the splits cannot be made ({err})"
     if not images:
         return ""
     done = embed([p for _, _, p in images], network, a.cache, a.batch_size, a.device, a.num_workers)
@@ -116,7 +116,9 @@ def report(a: argparse.Namespace) -> str:
     if a.drop_leaks:
         lines.append(drop_leaks(a, leaks, images, out / "labels_without_leaks.csv"))
     labels = [of[p][1] for p in paths]
-    if len(set(labels)) > 1:
+    if not classes:
+        lines.append("  (outliers and look-alike classes are for one class per image; these labels are not)")
+    elif len(set(labels)) > 1:
         lines += outliers_and_look_alikes(done.features, labels, [name[p] for p in paths],
                                           [of[p][0] for p in paths], out)
     return "\n".join(lines)

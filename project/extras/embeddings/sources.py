@@ -102,12 +102,24 @@ def labeled_splits(ckpt: Path | None, network: Network | None, data_dir: str | N
         from project.checkpoints import datamodule_for
 
         return datamodule_for(ckpt, network.model, data_dir).splits
-    data = dict(read_config(config).get("data") or {}) if config else {}
+    data = data_settings(ckpt, config)
     data_dir = data_dir or data.get("data_dir")
     labels = labels or data.get("labels")
     if not data_dir:
         raise ProjectError("which images? pass --data_dir DIR (and --labels CSV for a labels table)")
-    split = {k: data[k] for k in ("val_fraction", "test_fraction", "seed") if data.get(k) is not None}
+    split = {arg: data[key] for key, arg in SPLIT_ARGS.items() if data.get(key) is not None}
     if labels:
         return discover_table(labels, data_dir, data.get("task") or "auto", **split)
     return discover(data_dir, **split)
+
+
+SPLIT_ARGS = {"val_fraction": "val_fraction", "test_fraction": "test_fraction", "split_seed": "seed"}
+
+
+def data_settings(ckpt: Path | None, config: str | None) -> dict:
+    """The data settings the run was trained with (its checkpoint's), else the config's."""
+    if ckpt is not None:
+        from project.checkpoints import read_checkpoint
+
+        return dict(read_checkpoint(ckpt, mmap=True).get("datamodule_hyper_parameters") or {})
+    return dict(read_config(config).get("data") or {}) if config else {}
