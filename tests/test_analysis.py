@@ -271,6 +271,17 @@ def test_evaluate_scores_the_whole_test_split_of_a_debug_run(tiny_data, tmp_path
     assert "Notice: 1 test images could not be decoded" in out and "broken.png" in out
 
 
+def test_evaluate_refuses_a_checkpoint_outside_its_run_folder(trained_run, tmp_path, capsys):
+    """Its settings are the run folder's config.yaml: a copy elsewhere (here beside another
+    config.yaml two levels up) is refused before anything is written."""
+    (tmp_path / "copied").mkdir()
+    shutil.copy(best_ckpt(trained_run), tmp_path / "copied" / "model.ckpt")
+    shutil.copy(trained_run / "config.yaml", tmp_path / "config.yaml")
+    assert cli(["evaluate", str(tmp_path / "copied" / "model.ckpt")], tmp_path) == 2
+    assert "is not where training wrote it" in one_error(capsys.readouterr().err)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["config.yaml", "copied", "model.ckpt"]
+
+
 def test_mirror_tta_is_refused_for_a_model_trained_without_flips(trained_run, tmp_path, capsys):
     ckpt = read_checkpoint(best_ckpt(trained_run))
     ckpt["datamodule_hyper_parameters"]["augmentation"]["hflip"] = 0.0

@@ -315,6 +315,16 @@ def test_suggest_reads_and_fills_the_same_cache(tiny_data, trained_run, tmp_path
     assert forwarded() == before
 
 
+def test_probe_of_other_classes_gives_no_fine_tuned_score(data, trained_run, tmp_path, capsys):
+    """Data of as many classes under other names: the network's outputs are not its classes."""
+    first = sorted(p.name for p in (data / "train").iterdir())[0]
+    for split in ("train", "val", "test"):
+        (data / split / first).rename(data / split / "zz")
+    assert cli(["probe", "--ckpt_path", str(trained_run), "--data_dir", str(data), "--cache",
+                str(tmp_path / "cache"), "--out", str(tmp_path)], tmp_path) == 0
+    assert "fine-tuned" not in capsys.readouterr().out
+
+
 def test_evaluate_shows_the_probe_beside_the_fine_tuned_model(trained_run, tmp_path):
     import shutil
 
@@ -327,6 +337,8 @@ def test_evaluate_shows_the_probe_beside_the_fine_tuned_model(trained_run, tmp_p
     assert cli(["evaluate", str(run)], tmp_path) == 0
     report = (best_ckpt(run).parent / "report.md").read_text()
     assert "## Linear probe" in report and "| test | " in report.split("## Linear probe")[1]
+    assert cli(["evaluate", str(run / "checkpoints/last.ckpt")], tmp_path) == 0  # the probe was of best
+    assert "## Linear probe" not in (run / "checkpoints/report.md").read_text()
 
 
 def test_a_configs_pretrained_network_embeds_for_probe_and_check_data(colours, tmp_path, capsys):

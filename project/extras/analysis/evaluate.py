@@ -19,6 +19,7 @@ from pathlib import Path
 from project.checkpoints import apply_calibration, check_trained_data_dir, checkpoint_task, read_checkpoint
 from project.cli import ProjectCLI
 from project.common.argv import pop_option
+from project.errors import ProjectError
 from project.extras.analysis.calibration import ensure_temperature
 from project.extras.analysis.predictions import check_mirror_tta, predict_dataset
 from project.runs import resolve_checkpoint, run_config
@@ -58,6 +59,10 @@ def main(argv: list[str]) -> int:
     a, overrides = p.parse_known_args(argv)
     ckpt = resolve_checkpoint(a.checkpoint)
     run = ckpt.parent.parent
+    if ckpt.parent.name != "checkpoints" or not (run / "config.yaml").is_file():
+        raise ProjectError(f"'{ckpt}' is not where training wrote it (RUN/checkpoints/, beside "
+                           "RUN/config.yaml), so the run's settings are unknown: evaluate it in its run "
+                           "folder, or copy the whole run folder")
     if a.tta == "hflip":
         check_mirror_tta(read_checkpoint(ckpt, mmap=True).get("datamodule_hyper_parameters") or {})
     data_dir = pop_option(list(overrides), "--data.data_dir")[1]  # the run's folder, moved
@@ -82,18 +87,21 @@ def main(argv: list[str]) -> int:
     if skipped:
         print(f"Notice: {len(skipped)} test images could not be decoded and are not scored "
               f"(first: {skipped[0]}; python -m project check-data lists them)")
-    add_probe(run / "probe.json", Path(ckpt).parent / "report.md")
+    add_probe(run / "probe.json", Path(ckpt).parent / "report.md", ckpt)
     return 0
 
 
-def add_probe(probe: Path, report: Path) -> None:
-    """The linear probe's scores (``python -m project probe``, when it ran) beside the fine-tuned
-    model's, at the end of the report: what fine-tuning earned over the frozen features."""
+def add_probe(probe: Path, report: Path, ckpt: Path) -> None:
+    """The linear probe's scores (``python -m project probe`` of this checkpoint, when it ran)
+    beside the fine-tuned model's, at the end of the report: what fine-tuning earned over the
+    frozen features."""
     if not probe.is_file() or not report.is_file():
         return
     import json
 
     scores = json.loads(probe.read_text(encoding="utf-8"))
+    if scores.get("checkpoint") != str(ckpt.resolve()):  # another checkpoint's fine-tuned scores
+        return
     lines = ["", "## Linear probe", "", "A linear classifier on the frozen embeddings of "
              f"{scores.get('network')} (`python -m project probe`), beside this model:", "",
              f"| split | probe {scores.get('metric', 'acc')} | fine-tuned |", "|---|---|---|"]

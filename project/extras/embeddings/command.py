@@ -113,7 +113,8 @@ def probe_main(argv: list[str]) -> int:
     metric, score = task.export_score()
     metric = metric.removeprefix("val_")
     scores: dict = {"network": network.described, "classes": n, "metric": metric,
-                    "skipped": len(done.skipped)}
+                    "skipped": len(done.skipped), "checkpoint": str(ckpt.resolve()) if ckpt else None}
+    own_classes = list(getattr(network.model, "class_names", [])) == list(splits.classes)
     probe = None
     for name, samples in parts.items():
         keep = [i for i, s in enumerate(samples) if s.path in row]
@@ -125,7 +126,7 @@ def probe_main(argv: list[str]) -> int:
             continue
         scores[f"{name}_images"] = len(keep)
         scores[f"{name}_{metric}_probe"] = score(probe.logits(x), y) if keep else None
-        if done.logits is not None and done.logits.shape[1] == n and keep:  # the network's own classes
+        if done.logits is not None and own_classes and keep:  # the data of the network's own classes
             logits = torch.as_tensor(done.logits[[row[samples[i].path] for i in keep]])
             scores[f"{name}_{metric}_finetuned"] = score(logits, y)
     out = Path(a.out) if a.out else run_folder(ckpt) if ckpt is not None else Path("logs/probe")

@@ -101,6 +101,8 @@ def write_report(result: dict, class_names: list[str], checkpoint: str, out_dir:
     if fig is not None:
         save(fig, out_dir / "top_losses.png")
         files.add("top_losses.png")
+    else:  # --top 0, or nothing wrong: an earlier report's picture would pass for this one's
+        (out_dir / "top_losses.png").unlink(missing_ok=True)
     write_text(out_dir / "report.json", json.dumps(report, indent=2))
     write_text(out_dir / "report.md", format_markdown(report, pairs, files))
     print("\n" + format_table(table))
