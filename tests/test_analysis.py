@@ -74,6 +74,12 @@ def test_metrics_equal_a_hand_computation_with_five_classes():
     pairs = confused_pairs(values["val/confusion"], CLASSES, top=2)
     assert [(p["true"], p["predicted"], p["count"]) for p in pairs] == [("checker", "circle", 1),
                                                                           ("checker", "cross", 1)]
+    kept = target != 3
+    absent = _values(torch.nn.functional.one_hot(pred[kept].clamp(max=2), 5).float(), target[kept])
+    table = per_class_table(absent, "val", CLASSES)  # class 3 neither in the split nor predicted
+    assert table["classes"][CLASSES[3]]["support"] == 0
+    assert table["averages"]["macro avg"]["f1"] == pytest.approx(float(absent["val/macro_f1"]))
+    assert table["averages"]["macro avg"]["recall"] == pytest.approx(float(absent["val/macro_acc"]))
 
 
 def test_a_new_metric_is_one_line_and_the_summary_follows_it(monkeypatch):

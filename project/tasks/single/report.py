@@ -28,8 +28,11 @@ from project.tasks.single.views import confused_pairs, confusion_figure, pairs_m
 def per_class_table(values: dict[str, torch.Tensor], stage: str, class_names: list[str],
                     ap: dict[str, float] | None = None) -> dict:
     """Per-class precision, recall, F1 (the logged values), average precision, support, and the
-    macro and support-weighted averages."""
-    support = values[f"{stage}/confusion"].detach().cpu().sum(1).double()
+    macro (over the classes the split holds or the model predicted, as the summary's) and
+    support-weighted averages."""
+    confusion = values[f"{stage}/confusion"].detach().cpu().double()
+    support = confusion.sum(1)
+    seen = (support + confusion.sum(0)) > 0  # as torchmetrics' macro: not a class never true nor predicted
     cols = {k: torch.stack([values[f"{stage}/per_class/{k}/{c}"].detach().cpu().double()
                             for c in class_names])
             for k in PER_CLASS}
@@ -38,7 +41,7 @@ def per_class_table(values: dict[str, torch.Tensor], stage: str, class_names: li
     rows = {name: {**{k: float(cols[k][i]) for k in cols}, "support": int(support[i])}
             for i, name in enumerate(class_names)}
     weights, total = support / support.sum().clamp(min=1), int(support.sum())
-    averages = {"macro avg": {**{k: float(v.nanmean()) for k, v in cols.items()}, "support": total},
+    averages = {"macro avg": {**{k: float(v[seen].nanmean()) for k, v in cols.items()}, "support": total},
                 "weighted avg": {**{k: float((v.nan_to_num() * weights).sum()) for k, v in cols.items()},
                                  "support": total}}
     return {"classes": rows, "averages": averages, "accuracy": float(values[f"{stage}/acc"])}
