@@ -97,7 +97,8 @@ def test_a_regression_resumes_bit_exactly(count_data, tmp_path):
     assert scalars(run_a)["val/mae"][-1] == scalars(run_b)["val/mae"][-1]
 
 
-def test_regression_evaluate_predict_export_infer_and_serve_agree(regression_run, count_data, tmp_path):
+def test_regression_evaluate_predict_export_infer_and_serve_agree(regression_run, count_data, tmp_path,
+                                                                  capsys):
     from project.extras.deploy.export import export_checkpoint
     from project.extras.deploy.infer import main as infer_main
     from project.extras.deploy.predict import predict_files
@@ -105,7 +106,11 @@ def test_regression_evaluate_predict_export_infer_and_serve_agree(regression_run
 
     ckpt = best_ckpt(regression_run)
     before = ckpt.read_bytes()
+    capsys.readouterr()
     assert cli(["evaluate", str(ckpt)], tmp_path) == 0
+    console = capsys.readouterr().out
+    assert "| output | MAE | RMSE | R² |\n|---|" in console  # the header above its rows
+    assert f"Report: {ckpt.parent / 'report.md'}" in console
     report = json.loads((ckpt.parent / "report.json").read_text())
     assert report["task"] == "regression" and report["outputs"]["count"]["mae"] == pytest.approx(
         report["mae"], abs=1e-4)

@@ -176,8 +176,7 @@ def main(argv: list[str]) -> int:
     task = checkpoint_task(ckpt)
     if not task.temperature_scaling:
         raise ProjectError(f"calibrate: '{ckpt}' is a {task.name} model, whose outputs have no "
-                           "temperature to fit (a multi-label model's thresholds were fitted on the "
-                           "validation set during training and are in the checkpoint)")
+                           "temperature to fit (its answers use what training stored in the checkpoint)")
     numbers = calibrate_checkpoint(ckpt, a.data_dir, batch_size=a.batch_size, device=a.device)
     print(format_numbers(numbers))
     print(f"Stored in {calibration_path(ckpt)} (the checkpoint is unchanged): predict, evaluate and "
