@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from project.extras.embeddings import cache as cache_module
-from tests.conftest import best_ckpt, cli
+from tests.conftest import best_ckpt, cli, one_error
 
 
 @pytest.fixture
@@ -161,6 +161,12 @@ def test_check_data_finds_resized_cropped_and_reencoded_copies_across_splits(dat
     assert leak_pairs(tmp_path / "out") == {frozenset(p) for p in planted}  # look-alikes are not copies
     assert cli([*args, "--near", "0.5", "--pixels", "0"], tmp_path) == 0  # every pair above --near
     assert len(leak_pairs(tmp_path / "out")) > len(planted)
+    assert cli([a for a in args if a != "--drop-leaks"], tmp_path) == 0
+    assert not (tmp_path / "out" / "labels_without_leaks.csv").exists()  # not this run's: removed
+    capsys.readouterr()
+    assert cli([*args, "--near", "1.5"], tmp_path) == 2
+    captured = capsys.readouterr()
+    assert "--near must be" in one_error(captured.err) and "Summary:" not in captured.out  # before the scan
 
 
 def test_check_data_splits_one_folder_as_training_does(data, trained_run, tmp_path, capsys):

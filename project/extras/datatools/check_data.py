@@ -171,6 +171,7 @@ def main(argv: list[str]) -> int:
 
     check.add_args(p)
     a = p.parse_args(argv)
+    check.check_args(a)
     if not Path(a.data_dir).is_dir():  # not a report of the data: a wrong argument
         raise ProjectError(f"'{a.data_dir}' is not a folder: pass the data folder, as data.data_dir")
     if a.labels and not Path(a.labels).is_file():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import csv
 import logging
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -68,13 +69,19 @@ def write_csv(path: Path, fields: list[str], rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
-def report(a: argparse.Namespace) -> str:
-    """The section check-data prints (files written to ``--out``); a notice instead when the
-    network was not asked for and cannot be loaded."""
+def check_args(a: argparse.Namespace) -> None:
+    """Before the scan: a wrong threshold is one line, not the end of a long run."""
     if not 0 < a.near <= 1:
         raise ProjectError(f"--near must be a cosine similarity in (0, 1], got {a.near}")
     if not 0 <= a.pixels <= 1:
         raise ProjectError(f"--pixels must be a correlation in [0, 1], got {a.pixels}")
+
+
+def report(a: argparse.Namespace) -> str:
+    """The section check-data prints (files written to ``--out``; an earlier run's that this one
+    does not write are removed); a notice instead when the network was not asked for and cannot
+    be loaded."""
+    check_args(a)
     try:
         network, ckpt = network_from_args(a)
     except ProjectError as err:
@@ -116,6 +123,11 @@ def report(a: argparse.Namespace) -> str:
     if a.drop_leaks:
         lines.append(drop_leaks(a, leaks, images, out / "labels_without_leaks.csv"))
     labels = [of[p][1] for p in paths]
+    stale = {"near_duplicates.png": not pairs, "labels_without_leaks.csv": not a.drop_leaks,
+             "outliers.csv": not classes or len(set(labels)) < 2}
+    stale["look_alikes.csv"] = stale["outliers.csv"]
+    for file in (n for n, gone in stale.items() if gone):  # an earlier run's would pass for this one's
+        (out / file).unlink(missing_ok=True)
     if not classes:
         lines.append("  (outliers and look-alike classes are for one class per image; these labels are not)")
     elif len(set(labels)) > 1:
@@ -188,4 +200,4 @@ def drop_leaks(a: argparse.Namespace, leaks: list[dict], images: list[tuple[str,
         rows = [r for r in rows if r["image"] not in dropped]
     write_csv(path, fields, rows)
     return (f"  {len(dropped)} training copies of leaks left out of {path} ({len(rows)} rows): train with "
-            f"--data.labels={path} --data.data_dir={a.data_dir}")
+            f"{shlex.quote(f'--data.labels={path}')} {shlex.quote(f'--data.data_dir={a.data_dir}')}")
