@@ -303,6 +303,15 @@ def test_probe_fits_a_multilabel_table_with_the_tasks_loss_and_score(multilabel_
     assert scores["metric"] == "map" and 0.5 < scores["val_map_probe"] <= 1, scores  # BCE, mean AP
 
 
+def test_suspects_refuses_another_tasks_labels_before_embedding_them(multilabel_data, trained_run, tmp_path,
+                                                                      capsys):
+    before = forwarded()
+    assert cli(["suspects", "--ckpt_path", str(trained_run), "--data_dir", str(multilabel_data), "--labels",
+                str(multilabel_data / "labels.csv"), "--cache", str(tmp_path / "cache")], tmp_path) == 2
+    assert "made for one class per image" in one_error(capsys.readouterr().err)
+    assert forwarded() == before and not (tmp_path / "cache").exists()
+
+
 def test_suggest_reads_and_fills_the_same_cache(tiny_data, trained_run, tmp_path, capsys):
     unlabeled = tmp_path / "unlabeled"
     unlabeled.mkdir()

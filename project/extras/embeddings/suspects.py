@@ -10,7 +10,7 @@ import torch
 
 from project.errors import ConfigError
 from project.extras.embeddings.cache import embed
-from project.extras.embeddings.linear import out_of_fold
+from project.extras.embeddings.linear import out_of_fold, single_labels
 from project.extras.embeddings.sources import add_network_args, labeled_splits, network_from_args
 
 log = logging.getLogger("project")
@@ -36,6 +36,7 @@ def embedding_suspects(argv: list[str], folds: int, seed: int):
     splits = splits or labeled_splits(ckpt, network, a.data_dir, a.labels, config)
     if not splits.train:
         raise ConfigError("suspects: the data set has no training images")
+    single_labels(splits.train, "suspects")  # before the embedding pass: another task's labels are refused
     done = embed([s.path for s in splits.train], network, a.cache, a.batch_size, a.device, a.num_workers)
     if done.skipped:
         log.info("Notice: %d training images could not be decoded and are not ranked "
