@@ -99,6 +99,15 @@ def test_a_new_metric_is_one_line_and_the_summary_follows_it(monkeypatch):
     assert "val/acc_top3" in summary_metrics(5)
 
 
+def test_a_confidently_wrong_image_has_its_whole_loss():
+    from project.extras.analysis.rows import sample_rows
+
+    samples = {"logits": torch.tensor([[0.0, 1000.0], [0.0, 800.0]]), "target": torch.tensor([0, 0]),
+               "index": torch.tensor([0, 1])}
+    rows = sample_rows(samples, ["cat", "dog"])
+    assert [r["loss"] for r in rows] == pytest.approx([1000.0, 800.0])  # not both clipped at 690.8
+
+
 def test_ece_equals_a_hand_computation():
     probs = torch.tensor([[0.90, 0.05, 0.05], [0.90, 0.05, 0.05], [0.62, 0.28, 0.10], [0.20, 0.52, 0.28]])
     target = torch.tensor([0, 1, 0, 2])

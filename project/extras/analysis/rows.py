@@ -36,7 +36,9 @@ def sample_rows(samples: dict[str, torch.Tensor], class_names: list[str], temper
     target = samples["target"].long()
     top_p, top_i = probs.topk(min(2, probs.shape[1]), dim=-1)
     p_true = probs.gather(1, target[:, None])[:, 0]
-    loss = -p_true.clamp(min=1e-300).log()
+    # from the logits: -log(p) of a saturated softmax would be clipped, and every such image tie
+    loss = torch.nn.functional.cross_entropy(samples["logits"].double() / temperature, target,
+                                             reduction="none")
     rows = []
     for k in range(len(target)):
         second = int(top_i[k, -1])
