@@ -449,4 +449,7 @@ def test_the_abstain_threshold_reaches_the_target_on_the_answered_images():
     assert numbers["curve"][0] == {"coverage": 1.0, "accuracy": pytest.approx(0.5),
                                    "min_confidence": pytest.approx(0.5)}
     assert abstain_numbers(probs, 1 - target, target_acc=0.99)["at_target"] is None
+    tied = abstain_numbers(torch.tensor([[1.0, 0.0]] * 6), torch.tensor([0, 0, 0, 0, 1, 1]), 0.99)
+    assert tied["curve"][-1] == {"coverage": 1.0, "accuracy": pytest.approx(4 / 6), "min_confidence": 1.0}
+    assert tied["at_target"] is None  # a threshold of 1.0 answers all six, not the first three
 

@@ -14,12 +14,15 @@ COVERAGES = (1.0, 0.95, 0.9, 0.8, 0.7, 0.5)
 
 def risk_coverage(probs: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """(coverage, accuracy of the answered images, confidence threshold), answering the most
-    confident images first: at point k the k most confident are answered."""
+    confident images first: point k is the threshold of the k-th most confident image, and what
+    that threshold answers (every image as confident, ties included)."""
     conf, pred = probs.double().max(-1)
     order = torch.argsort(conf, descending=True, stable=True)
-    correct = (pred[order] == target[order]).double()
-    answered = torch.arange(1, len(order) + 1, dtype=torch.float64)
-    return answered / len(order), correct.cumsum(0) / answered, conf[order]
+    conf = conf[order]
+    correct = (pred[order] == target[order]).double().cumsum(0)
+    last = torch.searchsorted(-conf, -conf, right=True) - 1  # the last image at least as confident
+    answered = (last + 1).double()
+    return answered / len(order), correct[last] / answered, conf
 
 
 def abstain_numbers(probs: torch.Tensor, target: torch.Tensor, target_acc: float) -> dict:
@@ -28,8 +31,9 @@ def abstain_numbers(probs: torch.Tensor, target: torch.Tensor, target_acc: float
     falls short)."""
     coverage, accuracy, threshold = risk_coverage(probs, target)
     n = len(coverage)
-    table = [{"coverage": c, "accuracy": float(accuracy[max(0, round(c * n) - 1)]),
-              "min_confidence": float(threshold[max(0, round(c * n) - 1)])} for c in COVERAGES]
+    rows = [max(0, round(c * n) - 1) for c in COVERAGES]  # ties answer more: their coverage is shown
+    table = [{"coverage": float(coverage[k]), "accuracy": float(accuracy[k]),
+              "min_confidence": float(threshold[k])} for k in rows]
     ok = torch.nonzero(accuracy >= target_acc).flatten()
     best = None
     if len(ok):
