@@ -310,6 +310,8 @@ def test_suspects_refuses_another_tasks_labels_before_embedding_them(multilabel_
                 str(multilabel_data / "labels.csv"), "--cache", str(tmp_path / "cache")], tmp_path) == 2
     assert "made for one class per image" in one_error(capsys.readouterr().err)
     assert forwarded() == before and not (tmp_path / "cache").exists()
+    assert cli(["suspects", "--method", "refit", "--ckpt_path", str(trained_run)], tmp_path) == 2
+    assert "--ckpt_path is for --method embeddings" in one_error(capsys.readouterr().err)
 
 
 def test_suggest_reads_and_fills_the_same_cache(tiny_data, trained_run, tmp_path, capsys):

@@ -150,6 +150,9 @@ def main(argv: list[str]) -> int:
 
         samples, names, probs, fold_of, pre, how = embedding_suspects(overrides, folds, a.seed)
     else:
+        if any(o.split("=", 1)[0] == "--ckpt_path" for o in overrides):
+            raise ConfigError("--method refit trains its own models with a config's recipe (--config FILE); "
+                              "--ckpt_path is for --method embeddings")
         samples, names, probs, fold_of, dm = out_of_fold_probabilities(overrides, folds, a.seed)
         pre, how = dm.preprocessing, f"{folds} folds"
     rows = rank_suspects(samples, probs, fold_of, names)
