@@ -127,7 +127,7 @@ def _pixels(model, path: str) -> torch.Tensor:
 
 def test_tools_that_do_not_apply_to_multilabel_say_so(multilabel_run, multilabel_data, tmp_path, capsys):
     assert cli(["calibrate", "--ckpt_path", str(best_ckpt(multilabel_run))], tmp_path) == 2
-    assert "multi-label" in capsys.readouterr().err
+    assert "multilabel model, whose outputs have no temperature" in capsys.readouterr().err
     labels = multilabel_data / "labels.csv"
     assert cli(["fit", *fit_args(multilabel_data, f"--data.labels={labels}", "--model.mixup_alpha=0.2")],
                tmp_path) == 2

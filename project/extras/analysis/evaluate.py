@@ -59,16 +59,16 @@ def main(argv: list[str]) -> int:
     a, overrides = p.parse_known_args(argv)
     ckpt = resolve_checkpoint(a.checkpoint)
     run = ckpt.parent.parent
-    if ckpt.parent.name != "checkpoints" or not (run / "config.yaml").is_file():
-        raise ProjectError(f"'{ckpt}' is not where training wrote it (RUN/checkpoints/, beside "
-                           "RUN/config.yaml), so the run's settings are unknown: evaluate it in its run "
-                           "folder, or copy the whole run folder")
     if a.tta == "hflip":
         check_mirror_tta(read_checkpoint(ckpt, mmap=True).get("datamodule_hyper_parameters") or {})
     data_dir = pop_option(list(overrides), "--data.data_dir")[1]  # the run's folder, moved
     stored = (read_checkpoint(ckpt, mmap=True).get("datamodule_hyper_parameters") or {}).get("data_dir")
     if stored and not data_dir:
         check_trained_data_dir(ckpt, str(stored), "--data.data_dir=")
+    if ckpt.parent.name != "checkpoints" or not (run / "config.yaml").is_file():
+        raise ProjectError(f"'{ckpt}' is not where training wrote it (RUN/checkpoints/, beside "
+                           "RUN/config.yaml), so the run's settings are unknown: evaluate it in its run "
+                           "folder, or copy the whole run folder")
     calibrated = checkpoint_task(ckpt).temperature_scaling
     if int(os.environ.get("RANK", 0)) == 0 and calibrated:  # under torchrun every rank runs it
         ensure_temperature(ckpt, data_dir)
