@@ -169,6 +169,7 @@ def test_check_data_finds_resized_cropped_and_reencoded_copies_across_splits(dat
     assert "--near must be" in one_error(captured.err) and "Summary:" not in captured.out  # before the scan
 
 
+@pytest.mark.slow
 def test_check_data_splits_one_folder_as_training_does(data, trained_run, tmp_path, capsys):
     """Without split folders every image was counted as train, so no copy was ever a leak: the
     splits are training's seeded ones (the run's split settings), leaks and --drop-leaks too."""

@@ -116,6 +116,7 @@ def test_a_study_continues_only_with_the_settings_it_was_started_with(tiny_data,
     assert "config.model.label_smoothing: was 0.0, now 0.1" in err and "--study NEW_NAME" in err
 
 
+@pytest.mark.slow
 def test_a_loss_or_error_metric_is_minimised_unless_told(tiny_data, tmp_path, capsys):
     for metric, direction in (("val/loss", "minimize"), ("val/per_output/mae/age", "minimize"),
                               ("val/macro_f1", "maximize")):
