@@ -187,6 +187,10 @@ def test_check_data_reports_each_problem_by_path(bad_data, tmp_path, capsys):
     assert "training can proceed" in out and "truncated.png" in out
     shutil.rmtree(tmp_path / "x", ignore_errors=True)
     broken = make_demo(tmp_path / "x", 2, 1, 1, image_size=16, num_classes=3)
+    for image in (broken / "test" / "cross").iterdir():
+        image.unlink()
+    assert any(f.severity == "warning" and f.path == str(broken / "test" / "cross") and "no image of cross "
+               "in the test split" in f.reason for f in scan(broken))
     shutil.rmtree(broken / "val" / "cross")
     assert cli(["check-data", str(broken)], tmp_path) == 1
     assert "missing ['cross']" in capsys.readouterr().out

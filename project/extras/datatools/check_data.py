@@ -101,6 +101,9 @@ def scan(data_dir: str | Path, max_pixels: float = 40e6) -> list[Finding]:
             if split == "train" and files and decodable == 0:
                 findings.append(Finding("error", str(folder / cls),
                                         "no decodable image in this class folder"))
+            elif split != "train" and (folder / cls).is_dir() and decodable == 0:
+                findings.append(Finding("warning", str(folder / cls), f"no image of {cls} in the {split} "
+                                        "split: its scores leave the class out"))
     return findings + copies(images, automatic_split=not splits and base == root)
 
 
