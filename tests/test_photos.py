@@ -205,11 +205,14 @@ def test_resize_data_keeps_the_layout_skips_bad_files_and_reruns_as_a_no_op(tmp_
     (src / "train" / "cat" / "rot.jpg").rename(src / "train" / "dog" / "rot.jpg")
     shutil.rmtree(src / "train" / "dog" / "deep")
     (src / "val" / "dog" / "small.jpg").write_bytes(b"broken")
+    (src / "labels.csv").write_text("image,label\ntrain/cat/a.jpg,cat\n")  # a table: copied as it is
     assert resize_data([str(src), str(out), "--side", "128", "--workers", "1"]) == 0
-    assert "1 written, 0 copied, 2 up to date, 2 skipped, 3 removed" in capsys.readouterr().out
+    report = capsys.readouterr().out
+    assert "1 written, 0 copied, 2 up to date, 2 skipped, 3 removed; 1 non-image files left out" in report
+    assert f"labels tables copied: {out / 'labels.csv'}" in report
     made = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
-    assert made == [MANIFEST, "train", "train/cat", "train/cat/a.jpg", "train/dog", "train/dog/rot.jpg",
-                    "val", "val/cat", "val/cat/c.jpg"]
+    assert made == [MANIFEST, "labels.csv", "train", "train/cat", "train/cat/a.jpg", "train/dog",
+                    "train/dog/rot.jpg", "val", "val/cat", "val/cat/c.jpg"]
 
 
 def test_resize_data_without_any_image_fails(tmp_path, capsys):

@@ -8,7 +8,7 @@ relative path of every image); images are read as training reads them (EXIF orie
 applied: the output is upright, without an orientation tag; any mode to 8-bit RGB) and written
 in their own format (JPEG at ``--quality``). An image already N px or smaller and upright is
 copied as it is (no second JPEG compression). Non-image files are left out, as training
-ignores them.
+ignores them; a labels table (``*.csv``) is copied, its image paths now relative to OUT.
 
 Re-runnable: an output newer than its source is kept ("up to date"), so a second run is a
 no-op and an interrupted one continues; an image whose source is gone (moved to another class,
@@ -36,6 +36,7 @@ MANIFEST = ".resize-data.json"  # hidden: training never lists it
 ORIENTATION = 0x0112
 SAVE_FORMATS = {"MPO": "JPEG"}  # a camera's multi-picture JPEG: keep the main picture as JPEG
 QUALITY_FORMATS = ("JPEG", "WEBP")
+TABLES = (".csv",)  # labels tables (data.labels), copied as they are
 
 
 def resize_file(src: str, out: str, side: int, quality: int = 95) -> str:
@@ -102,7 +103,8 @@ def run(src: Path, out: Path, side: int, workers: int, quality: int) -> tuple[di
     redo = before is not None and before != settings  # other settings: every output is stale
     if redo:
         print(f"{out} was made with {before}: redoing every image with {settings}")
-    outcome: dict[str, list] = {"written": [], "copied": [], "up to date": [], "skipped": [], "removed": []}
+    outcome: dict[str, list] = {"written": [], "copied": [], "up to date": [], "skipped": [], "removed": [],
+                                "tables": []}
     todo: list[tuple[str, str]] = []
     for path in list_images(src):
         target = str(out / os.path.relpath(path, src))
@@ -126,6 +128,12 @@ def run(src: Path, out: Path, side: int, workers: int, quality: int) -> tuple[di
             futures: dict[Future, str] = {pool.submit(_task, p, t, side, quality): p for p, t in todo}
             for future in as_completed(futures):
                 record(futures[future], *future.result())
+    for table in (f for f in walk_files(src) if f.lower().endswith(TABLES)):  # its paths hold in OUT too
+        target = str(out / os.path.relpath(table, src))
+        if not up_to_date(table, target):
+            with atomic_path(target) as tmp:
+                shutil.copyfile(table, tmp)
+        outcome["tables"].append(target)
     if before is not None:  # OUT is this command's: an image whose source is gone would still train
         made = set(outcome["up to date"] + outcome["written"] + outcome["copied"])
         outcome["removed"] = remove_stale(out, {str(out / os.path.relpath(p, src)) for p in made})
@@ -172,10 +180,14 @@ def main(argv: list[str]) -> int:
         print(f"error: OUT '{out}' must not be SRC or inside it", file=sys.stderr)
         return 2
     outcome, reasons = run(src, out, a.side, a.workers, a.quality)
-    others = sum(1 for f in walk_files(src) if not is_image_file(f))
+    others = sum(1 for f in walk_files(src) if not is_image_file(f) and not f.lower().endswith(TABLES))
+    tables = outcome.pop("tables")
     counts = ", ".join(f"{len(files)} {name}" for name, files in outcome.items())
     print(f"{src} -> {out} at {a.side} px: {counts}"
           + (f"; {others} non-image files left out" if others else ""))
+    if tables:
+        print(f"  labels tables copied: {', '.join(tables)} (train with data.labels={tables[0]} "
+              f"data.data_dir={out})")
     for path in sorted(outcome["skipped"]):
         print(f"  skipped {path}: {reasons[path]}")
     kept = len(outcome["written"]) + len(outcome["copied"]) + len(outcome["up to date"])
