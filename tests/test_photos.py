@@ -205,14 +205,18 @@ def test_resize_data_keeps_the_layout_skips_bad_files_and_reruns_as_a_no_op(tmp_
     (src / "train" / "cat" / "rot.jpg").rename(src / "train" / "dog" / "rot.jpg")
     shutil.rmtree(src / "train" / "dog" / "deep")
     (src / "val" / "dog" / "small.jpg").write_bytes(b"broken")
-    (src / "labels.csv").write_text("image,label\ntrain/cat/a.jpg,cat\n")  # a table: copied as it is
+    photo(out / "mine" / "own.jpg")  # the user's own file in OUT: never touched
     assert resize_data([str(src), str(out), "--side", "128", "--workers", "1"]) == 0
-    report = capsys.readouterr().out
-    assert "1 written, 0 copied, 2 up to date, 2 skipped, 3 removed; 1 non-image files left out" in report
-    assert f"labels tables copied: {out / 'labels.csv'}" in report
+    assert "1 written, 0 copied, 2 up to date, 2 skipped, 3 removed" in capsys.readouterr().out
     made = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
-    assert made == [MANIFEST, "labels.csv", "train", "train/cat", "train/cat/a.jpg", "train/dog",
+    assert made == [MANIFEST, "mine", "mine/own.jpg", "train", "train/cat", "train/cat/a.jpg", "train/dog",
                     "train/dog/rot.jpg", "val", "val/cat", "val/cat/c.jpg"]
+    other = tmp_path / "other"  # another source into the same OUT: the first one's copies stay
+    photo(other / "x" / "z.jpg")
+    assert resize_data([str(other), str(out), "--side", "128", "--workers", "1"]) == 0
+    assert "0 removed" in capsys.readouterr().out and (out / "train/cat/a.jpg").is_file()
+    assert resize_data([str(src / "train"), str(src), "--side", "128"]) == 2  # OUT holding SRC
+    assert "must not hold SRC" in capsys.readouterr().err
 
 
 def test_resize_data_without_any_image_fails(tmp_path, capsys):

@@ -8,11 +8,13 @@ relative path of every image); images are read as training reads them (EXIF orie
 applied: the output is upright, without an orientation tag; any mode to 8-bit RGB) and written
 in their own format (JPEG at ``--quality``). An image already N px or smaller and upright is
 copied as it is (no second JPEG compression). Non-image files are left out, as training
-ignores them; a labels table (``*.csv``) is copied, its image paths now relative to OUT.
+ignores them (a labels table too: keep ``data.labels`` at the original, with ``data.data_dir``
+OUT).
 
 Re-runnable: an output newer than its source is kept ("up to date"), so a second run is a
-no-op and an interrupted one continues; an image whose source is gone (moved to another class,
-deleted, or now unreadable) is removed, so OUT trains as SRC does. Every file is written under a
+no-op and an interrupted one continues; a copy it made whose source is gone (moved to another
+class, deleted, or now unreadable) is removed, so OUT trains as SRC does (files it did not write
+are never touched). Every file is written under a
 temporary name and renamed, never half-written. Undecodable files are skipped and listed with the reason.
 Exit status 0 when OUT holds at least one image, else 2.
 """
@@ -36,7 +38,6 @@ MANIFEST = ".resize-data.json"  # hidden: training never lists it
 ORIENTATION = 0x0112
 SAVE_FORMATS = {"MPO": "JPEG"}  # a camera's multi-picture JPEG: keep the main picture as JPEG
 QUALITY_FORMATS = ("JPEG", "WEBP")
-TABLES = (".csv",)  # labels tables (data.labels), copied as they are
 
 
 def resize_file(src: str, out: str, side: int, quality: int = 95) -> str:
@@ -93,18 +94,21 @@ class Progress:
 
 def run(src: Path, out: Path, side: int, workers: int, quality: int) -> tuple[dict[str, list], dict]:
     """Resize every image below ``src`` into ``out``: the files by outcome ("written",
-    "copied", "up to date", "skipped"), and the reason of each skipped file."""
+    "copied", "up to date", "skipped", "removed"), and the reason of each skipped file."""
     settings = {"side": side, "quality": quality}
     manifest = out / MANIFEST
     try:
         before = json.loads(manifest.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         before = None
+    before = before if isinstance(before, dict) else None
+    same_source = before is not None and before.get("source") == str(src.resolve())
+    made_before = set(before.get("made", [])) if same_source else set()  # relative paths it wrote from SRC
+    before = before and {k: before.get(k) for k in settings}
     redo = before is not None and before != settings  # other settings: every output is stale
     if redo:
         print(f"{out} was made with {before}: redoing every image with {settings}")
-    outcome: dict[str, list] = {"written": [], "copied": [], "up to date": [], "skipped": [], "removed": [],
-                                "tables": []}
+    outcome: dict[str, list] = {"written": [], "copied": [], "up to date": [], "skipped": [], "removed": []}
     todo: list[tuple[str, str]] = []
     for path in list_images(src):
         target = str(out / os.path.relpath(path, src))
@@ -128,31 +132,30 @@ def run(src: Path, out: Path, side: int, workers: int, quality: int) -> tuple[di
             futures: dict[Future, str] = {pool.submit(_task, p, t, side, quality): p for p, t in todo}
             for future in as_completed(futures):
                 record(futures[future], *future.result())
-    for table in (f for f in walk_files(src) if f.lower().endswith(TABLES)):  # its paths hold in OUT too
-        target = str(out / os.path.relpath(table, src))
-        if not up_to_date(table, target):
-            with atomic_path(target) as tmp:
-                shutil.copyfile(table, tmp)
-        outcome["tables"].append(target)
-    if before is not None:  # OUT is this command's: an image whose source is gone would still train
-        made = set(outcome["up to date"] + outcome["written"] + outcome["copied"])
-        outcome["removed"] = remove_stale(out, {str(out / os.path.relpath(p, src)) for p in made})
-    if before != settings and (outcome["written"] or outcome["copied"]):
-        write_text(manifest, json.dumps(settings) + "\n")
+    made = {os.path.relpath(p, src) for p in outcome["up to date"] + outcome["written"] + outcome["copied"]}
+    # its own copies whose source is gone (moved to another class, deleted, unreadable) would still train
+    outcome["removed"] = remove_made(out, made_before - made)
+    if made and (before != settings or made != made_before or not same_source):
+        stamp = {**settings, "source": str(src.resolve()), "made": sorted(made)}
+        write_text(manifest, json.dumps(stamp) + "\n")
     return outcome, reasons
 
 
-def remove_stale(out: Path, kept: set[str]) -> list[str]:
-    """Delete the images of ``out`` that no readable source image made (moved, deleted or now
-    undecodable in ``src``), and the folders that leaves empty; their paths."""
-    stale = [path for path in list_images(out) if path not in kept]
-    for path in stale:
-        os.remove(path)
-        folder = Path(path).parent
-        while folder != out and not any(folder.iterdir()):
+def remove_made(out: Path, gone: set[str]) -> list[str]:
+    """Delete the files at ``gone`` (paths below ``out`` this command wrote earlier), and the
+    folders that leaves empty; the paths deleted."""
+    removed = []
+    for relative in sorted(gone):
+        path = out / relative
+        if not path.is_file():
+            continue
+        path.unlink()
+        removed.append(str(path))
+        folder = path.parent
+        while folder != out and folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
             folder = folder.parent
-    return stale
+    return removed
 
 
 def main(argv: list[str]) -> int:
@@ -179,15 +182,14 @@ def main(argv: list[str]) -> int:
     if out.resolve() == src.resolve() or src.resolve() in out.resolve().parents:
         print(f"error: OUT '{out}' must not be SRC or inside it", file=sys.stderr)
         return 2
+    if out.resolve() in src.resolve().parents:
+        print(f"error: OUT '{out}' must not hold SRC: choose a folder beside it", file=sys.stderr)
+        return 2
     outcome, reasons = run(src, out, a.side, a.workers, a.quality)
-    others = sum(1 for f in walk_files(src) if not is_image_file(f) and not f.lower().endswith(TABLES))
-    tables = outcome.pop("tables")
+    others = sum(1 for f in walk_files(src) if not is_image_file(f))
     counts = ", ".join(f"{len(files)} {name}" for name, files in outcome.items())
     print(f"{src} -> {out} at {a.side} px: {counts}"
           + (f"; {others} non-image files left out" if others else ""))
-    if tables:
-        print(f"  labels tables copied: {', '.join(tables)} (train with data.labels={tables[0]} "
-              f"data.data_dir={out})")
     for path in sorted(outcome["skipped"]):
         print(f"  skipped {path}: {reasons[path]}")
     kept = len(outcome["written"]) + len(outcome["copied"]) + len(outcome["up to date"])
