@@ -162,7 +162,7 @@ def test_check_data_finds_resized_cropped_and_reencoded_copies_across_splits(dat
     assert cli([*args, "--near", "0.5", "--pixels", "0"], tmp_path) == 0  # every pair above --near
     assert len(leak_pairs(tmp_path / "out")) > len(planted)
     assert cli([a for a in args if a != "--drop-leaks"], tmp_path) == 0
-    assert not (tmp_path / "out" / "labels_without_leaks.csv").exists()  # not this run's: removed
+    assert (tmp_path / "out" / "labels_without_leaks.csv").is_file()  # a table to train with: kept
     capsys.readouterr()
     assert cli([*args, "--near", "1.5"], tmp_path) == 2
     captured = capsys.readouterr()
@@ -195,6 +195,13 @@ def test_check_data_splits_one_folder_as_training_does(data, trained_run, tmp_pa
         kept = list(csv.DictReader(f))
     assert {r["split"] for r in kept} == {"train", "val", "test"}
     assert all(r["split"] == split_of[r["image"]] for r in kept)
+
+    shutil.rmtree(data / "val" / sorted(p.name for p in (data / "val").iterdir())[0])  # splits cannot be made
+    capsys.readouterr()
+    assert cli(["check-data", str(data), "--ckpt_path", str(trained_run), "--cache", str(tmp_path / "cache"),
+                "--out", str(tmp_path / "out2")], tmp_path) == 1
+    out = capsys.readouterr().out
+    assert "NEAR-DUPLICATES" in out and "(splits as the data states them: the classes of" in out
 
 
 def test_a_configs_split_seed_splits_the_images_it_names(tiny_data, tmp_path):

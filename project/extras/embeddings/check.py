@@ -12,13 +12,13 @@ from pathlib import Path
 
 import numpy as np
 
-from project.common.files import atomic_path
+from project.common.files import atomic_path, list_images
 from project.data.folders import DataFolderError
 from project.errors import ProjectError
 from project.extras.embeddings.cache import embed
 from project.extras.embeddings.copies import agreement
 from project.extras.embeddings.neighbours import likeness_to_class, look_alike_classes, near_pairs
-from project.extras.embeddings.sources import add_network_args, labeled_splits, network_from_args
+from project.extras.embeddings.sources import add_network_args, network_from_args, split_settings
 
 log = logging.getLogger("project")
 # the defaults of --near and --pixels: benchmarks/embeddings.py (MNIST at 64 px, ImageNet
@@ -51,15 +51,40 @@ def wanted(a: argparse.Namespace) -> bool:
     return bool(a.ckpt_path or a.config or run_dirs())
 
 
-def labeled_images(a: argparse.Namespace, network, ckpt: Path | None) -> tuple[list[Labeled], bool]:
-    """((split, label, path) of every image, whether each has one class), split as training splits
-    it (the checkpoint's or the config's split settings): a folder or table without its own split
-    gets the seeded one."""
-    splits = labeled_splits(ckpt, network, a.data_dir, a.labels, getattr(a, "config", None))
-    samples = [(split, s) for split in ("train", "val", "test") for s in getattr(splits, split)]
+def labeled_images(a: argparse.Namespace, ckpt: Path | None) -> tuple[list[Labeled], bool, str]:
+    """((split, label, path) of every image, whether each has one class, a notice), split as
+    training splits the folder or table given (the checkpoint's or config's split settings, not its
+    data); data whose splits cannot be made (a missing image, a class missing from val/) keeps the
+    splits it states, the rest as train, so the check still runs."""
+    from project.data.folders import discover
+    from project.data.tables import discover_table
+
+    split = split_settings(ckpt, getattr(a, "config", None))
+    try:
+        splits = (discover_table(a.labels, a.data_dir, "auto", **split) if a.labels
+                  else discover(a.data_dir, **split))
+    except DataFolderError as err:
+        return stated_splits(a.data_dir, a.labels), True, f"  (splits as the data states them: {err})"
+    samples = [(name, s) for name in ("train", "val", "test") for s in getattr(splits, name)]
     one_class = all(isinstance(s.label, int) for _, s in samples)  # a class index; else a task's encoding
-    return [(split, splits.classes[s.label] if one_class else str(s.label), s.path)
-            for split, s in samples], one_class
+    return [(name, splits.classes[s.label] if one_class else str(s.label), s.path)
+            for name, s in samples], one_class, ""
+
+
+def stated_splits(data_dir: str, labels: str | None) -> list[Labeled]:
+    """The splits a folder's split folders or a table's split column state (else train)."""
+    root = Path(data_dir)
+    if labels:
+        from project.data.tables import read_table
+
+        table = read_table(labels, data_dir)
+        return [(r.split or "train", table.labels.text(r.label), str(root / r.image)) for r in table.rows
+                if (root / r.image).is_file()]
+    from project.data.folders import layout
+
+    base, classes, splits = layout(root)
+    return [(split, cls, p) for split, folder in {"train": base, **splits}.items() for cls in classes
+            for p in list_images(folder / cls)]
 
 
 def write_csv(path: Path, fields: list[str], rows: list[dict]) -> None:
@@ -88,10 +113,7 @@ def report(a: argparse.Namespace) -> str:
         if a.ckpt_path or a.config:
             raise
         return f"Notice: no near-duplicate check: the newest run's network does not load ({err})"
-    try:
-        images, classes = labeled_images(a, network, ckpt)
-    except DataFolderError as err:
-        return f"Notice: no near-duplicate check: the splits cannot be made ({err})"
+    images, classes, fallback = labeled_images(a, ckpt)
     if not images:
         return ""
     done = embed([p for _, _, p in images], network, a.cache, a.batch_size, a.device, a.num_workers)
@@ -102,6 +124,7 @@ def report(a: argparse.Namespace) -> str:
     out = Path(a.out)
     lines = [f"NEAR-DUPLICATES AND OUTLIERS (embeddings of {network.described}; {done.computed} of "
              f"{len(paths)} images embedded now, {len(done.skipped)} undecodable left out):"]
+    lines += [fallback] if fallback else []
     i, j, s, truncated = near_pairs(done.features, a.near)
     alike = agreement([(paths[x], paths[y]) for x, y in zip(i, j, strict=True)])
     keep = alike >= a.pixels
@@ -123,8 +146,7 @@ def report(a: argparse.Namespace) -> str:
     if a.drop_leaks:
         lines.append(drop_leaks(a, leaks, images, out / "labels_without_leaks.csv"))
     labels = [of[p][1] for p in paths]
-    stale = {"near_duplicates.png": not pairs, "labels_without_leaks.csv": not a.drop_leaks,
-             "outliers.csv": not classes or len(set(labels)) < 2}
+    stale = {"near_duplicates.png": not pairs, "outliers.csv": not classes or len(set(labels)) < 2}
     stale["look_alikes.csv"] = stale["outliers.csv"]
     for file in (n for n, gone in stale.items() if gone):  # an earlier run's would pass for this one's
         (out / file).unlink(missing_ok=True)

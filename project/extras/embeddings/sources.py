@@ -107,13 +107,19 @@ def labeled_splits(ckpt: Path | None, network: Network | None, data_dir: str | N
     labels = labels or data.get("labels")
     if not data_dir:
         raise ProjectError("which images? pass --data_dir DIR (and --labels CSV for a labels table)")
-    split = {arg: data[key] for key, arg in SPLIT_ARGS.items() if data.get(key) is not None}
+    split = split_settings(ckpt, config)
     if labels:
         return discover_table(labels, data_dir, data.get("task") or "auto", **split)
     return discover(data_dir, **split)
 
 
 SPLIT_ARGS = {"val_fraction": "val_fraction", "test_fraction": "test_fraction", "split_seed": "seed"}
+
+
+def split_settings(ckpt: Path | None, config: str | None) -> dict:
+    """The run's (or config's) split settings, as ``discover``'s arguments."""
+    data = data_settings(ckpt, config)
+    return {arg: data[key] for key, arg in SPLIT_ARGS.items() if data.get(key) is not None}
 
 
 def data_settings(ckpt: Path | None, config: str | None) -> dict:
