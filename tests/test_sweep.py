@@ -108,6 +108,8 @@ def test_a_study_continues_only_with_the_settings_it_was_started_with(tiny_data,
     assert "searches model.head_lr_mult, which changes nothing from random weights" in capsys.readouterr().out
     respelt = [a for a in args if not a.startswith("--data.batch_size")] + ["--data.batch_size", "8"]
     assert cli(respelt, tmp_path) == 0
+    # nothing a trial's result depends on: a value the space searches, a worker's loader processes
+    assert cli([*args, "--model.lr=0.3", "--data.num_workers=1"], tmp_path) == 0
     config.write_text("model:\n  label_smoothing: 0.1\n")
     capsys.readouterr()
     assert cli(args, tmp_path) == 2
@@ -118,6 +120,9 @@ def test_a_study_continues_only_with_the_settings_it_was_started_with(tiny_data,
 
 @pytest.mark.slow
 def test_a_loss_or_error_metric_is_minimised_unless_told(tiny_data, tmp_path, capsys):
+    from project.extras.sweep.command import better
+
+    assert [better(m) for m in ("val/mae_best", "val/acc_best", "val_extra/loss")] == ["min", "max", "min"]
     for metric, direction in (("val/loss", "minimize"), ("val/per_output/mae/age", "minimize"),
                               ("val/macro_f1", "maximize")):
         assert cli(["sweep", "--sweep", str(_space(tmp_path)), "--n_trials", "0", "--study", metric[4:9],

@@ -57,7 +57,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--target_acc", type=float, default=0.99,
                    help="the accuracy on answered images that the abstain threshold reaches")
     a, overrides = p.parse_known_args(argv)
-    ckpt = resolve_checkpoint(a.checkpoint)
+    ckpt = resolve_checkpoint(a.checkpoint).resolve()  # from inside checkpoints/, or a link: the file's place
     run = ckpt.parent.parent
     if a.tta == "hflip":
         check_mirror_tta(read_checkpoint(ckpt, mmap=True).get("datamodule_hyper_parameters") or {})
@@ -100,7 +100,7 @@ def add_probe(probe: Path, report: Path, ckpt: Path) -> None:
     import json
 
     scores = json.loads(probe.read_text(encoding="utf-8"))
-    if scores.get("checkpoint") != str(ckpt.resolve()):  # another checkpoint's fine-tuned scores
+    if scores.get("checkpoint") != ckpt.name:  # another checkpoint's fine-tuned scores
         return
     lines = ["", "## Linear probe", "", "A linear classifier on the frozen embeddings of "
              f"{scores.get('network')} (`python -m project probe`), beside this model:", "",

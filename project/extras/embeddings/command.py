@@ -113,7 +113,7 @@ def probe_main(argv: list[str]) -> int:
     metric, score = task.export_score()
     metric = metric.removeprefix("val_")
     scores: dict = {"network": network.described, "classes": n, "metric": metric,
-                    "skipped": len(done.skipped), "checkpoint": str(ckpt.resolve()) if ckpt else None}
+                    "skipped": len(done.skipped), "checkpoint": ckpt.name if ckpt else None}
     own_classes = list(getattr(network.model, "class_names", [])) == list(splits.classes)
     probe = None
     for name, samples in parts.items():

@@ -147,7 +147,8 @@ def trained_settings(config) -> dict:
 
 def better(metric: str) -> str:
     """min for a loss or an error (``val/loss``, ``val/per_output/mae/age``), else max."""
-    return "min" if any(part.endswith(LOWER_IS_BETTER) for part in metric.split("/")[1:]) else "max"
+    parts = (part.removesuffix("_best") for part in metric.split("/")[1:])
+    return "min" if any(part.endswith(LOWER_IS_BETTER) for part in parts) else "max"
 
 
 def data_task(config):
@@ -174,6 +175,10 @@ def check_task_settings(space: list[Param], config, task, where: str) -> None:
     refuses label smoothing): one line now, not one failed trial after another."""
     model = config.get("model").as_dict()
     checker = task.__new__(task)  # Task.check reads the settings given, not the task's state
+    try:
+        checker.check(model)
+    except ConfigError as err:
+        raise ConfigError(f"the training config does not suit this data: {err}") from None
     for param in space:
         key = param.key.removeprefix("model.")
         for value in param.samples() if param.key.startswith("model.") else []:

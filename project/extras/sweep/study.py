@@ -193,13 +193,23 @@ def check_same_settings(study: optuna.Study, settings: dict) -> None:
         return
     skip = {"fit_args"} if "config" in stored else {"config"}  # a study of an earlier version: its arguments
     was, now = flat_settings(stored, skip), flat_settings(settings, skip)
-    changed = sorted(k for k in set(was) | set(now) if was.get(k) != now.get(k))
+    searched = [f"config.{p['key']}" for p in settings.get("space", [])]  # each trial sets its own
+    ignored = searched + list(RUNTIME)
+    changed = sorted(k for k in set(was) | set(now) if was.get(k) != now.get(k)
+                     and not (k.startswith("config.") and k not in was)  # a setting a later version added
+                     and not any(k == i or k.startswith(f"{i}.") for i in ignored))
     if changed:
         lines = [f"  {k}: was {was.get(k)!r}, now {now.get(k)!r}" for k in changed[:12]]
         more = f"\n  ... and {len(changed) - 12} more" if len(changed) > 12 else ""
         raise ConfigError(f"study '{study.study_name}' was started with other settings:\n"
                           + "\n".join(lines) + more + "\nrun it with the same settings to continue "
                           "it, or pass --study NEW_NAME for a new study")
+
+
+# settings that change how fast a trial runs or what it prints, not its result: workers may differ
+RUNTIME = tuple(f"config.{k}" for k in ("data.num_workers", "data.pin_memory", "data.persistent_workers",
+                                        "data.prefetch_factor", "trainer.enable_progress_bar",
+                                        "trainer.enable_model_summary", "trainer.logger"))
 
 
 def flat_settings(settings: dict, skip: set[str]) -> dict:
