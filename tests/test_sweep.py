@@ -106,10 +106,9 @@ def test_a_study_continues_only_with_the_settings_it_was_started_with(tiny_data,
             *fit_args(tiny_data), "--config", str(config)]
     assert cli(args, tmp_path) == 0  # no trial: the study and its settings only
     assert "searches model.head_lr_mult, which changes nothing from random weights" in capsys.readouterr().out
+    # respelt, and nothing a trial's result depends on: a value the space searches, a worker's loaders
     respelt = [a for a in args if not a.startswith("--data.batch_size")] + ["--data.batch_size", "8"]
-    assert cli(respelt, tmp_path) == 0
-    # nothing a trial's result depends on: a value the space searches, a worker's loader processes
-    assert cli([*args, "--model.lr=0.3", "--data.num_workers=1"], tmp_path) == 0
+    assert cli([*respelt, "--model.lr=0.3", "--data.num_workers=1"], tmp_path) == 0
     config.write_text("model:\n  label_smoothing: 0.1\n")
     capsys.readouterr()
     assert cli(args, tmp_path) == 2
