@@ -59,12 +59,12 @@ def main(argv: list[str]) -> int:
     a, overrides = p.parse_known_args(argv)
     ckpt = resolve_checkpoint(a.checkpoint).resolve()  # from inside checkpoints/, or a link: the file's place
     run = ckpt.parent.parent
+    trained = read_checkpoint(ckpt, mmap=True).get("datamodule_hyper_parameters") or {}
     if a.tta == "hflip":
-        check_mirror_tta(read_checkpoint(ckpt, mmap=True).get("datamodule_hyper_parameters") or {})
+        check_mirror_tta(trained)
     data_dir = pop_option(list(overrides), "--data.data_dir")[1]  # the run's folder, moved
-    stored = (read_checkpoint(ckpt, mmap=True).get("datamodule_hyper_parameters") or {}).get("data_dir")
-    if stored and not data_dir:
-        check_trained_data_dir(ckpt, str(stored), "--data.data_dir=")
+    if trained.get("data_dir") and not data_dir:
+        check_trained_data_dir(ckpt, str(trained["data_dir"]), "--data.data_dir=")
     if ckpt.parent.name != "checkpoints" or not (run / "config.yaml").is_file():
         raise ProjectError(f"'{ckpt}' is not where training wrote it (RUN/checkpoints/, beside "
                            "RUN/config.yaml), so the run's settings are unknown: evaluate it in its run "

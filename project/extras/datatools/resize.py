@@ -14,8 +14,8 @@ OUT).
 Re-runnable: an output newer than its source is kept ("up to date"), so a second run is a
 no-op and an interrupted one continues; a copy it made whose source is gone (moved to another
 class, deleted, or now unreadable) is removed, so OUT trains as SRC does (files it did not write
-are never touched). Every file is written under a
-temporary name and renamed, never half-written. Undecodable files are skipped and listed with the reason.
+are never touched). Every file is written under a temporary name and renamed, never
+half-written. Undecodable files are skipped and listed with the reason.
 Exit status 0 when OUT holds at least one image, else 2.
 """
 

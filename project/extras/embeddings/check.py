@@ -18,7 +18,7 @@ from project.errors import ProjectError
 from project.extras.embeddings.cache import embed
 from project.extras.embeddings.copies import agreement
 from project.extras.embeddings.neighbours import likeness_to_class, look_alike_classes, near_pairs
-from project.extras.embeddings.sources import add_network_args, network_from_args, split_settings
+from project.extras.embeddings.sources import add_network_args, data_settings, network_from_args, split_args
 
 log = logging.getLogger("project")
 # the defaults of --near and --pixels: benchmarks/embeddings.py (MNIST at 64 px, ImageNet
@@ -59,7 +59,7 @@ def labeled_images(a: argparse.Namespace, ckpt: Path | None) -> tuple[list[Label
     from project.data.folders import discover
     from project.data.tables import discover_table
 
-    split = split_settings(ckpt, getattr(a, "config", None))
+    split = split_args(data_settings(ckpt, getattr(a, "config", None)))
     try:
         splits = (discover_table(a.labels, a.data_dir, "auto", **split) if a.labels
                   else discover(a.data_dir, **split))
@@ -105,8 +105,7 @@ def check_args(a: argparse.Namespace) -> None:
 def report(a: argparse.Namespace) -> str:
     """The section check-data prints (files written to ``--out``; an earlier run's that this one
     does not write are removed); a notice instead when the network was not asked for and cannot
-    be loaded."""
-    check_args(a)
+    be loaded. ``check_args`` has passed."""
     try:
         network, ckpt = network_from_args(a)
     except ProjectError as err:

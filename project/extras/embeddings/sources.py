@@ -107,7 +107,7 @@ def labeled_splits(ckpt: Path | None, network: Network | None, data_dir: str | N
     labels = labels or data.get("labels")
     if not data_dir:
         raise ProjectError("which images? pass --data_dir DIR (and --labels CSV for a labels table)")
-    split = split_settings(ckpt, config)
+    split = split_args(data)
     if labels:
         return discover_table(labels, data_dir, data.get("task") or "auto", **split)
     return discover(data_dir, **split)
@@ -116,9 +116,8 @@ def labeled_splits(ckpt: Path | None, network: Network | None, data_dir: str | N
 SPLIT_ARGS = {"val_fraction": "val_fraction", "test_fraction": "test_fraction", "split_seed": "seed"}
 
 
-def split_settings(ckpt: Path | None, config: str | None) -> dict:
-    """The run's (or config's) split settings, as ``discover``'s arguments."""
-    data = data_settings(ckpt, config)
+def split_args(data: dict) -> dict:
+    """The split settings of data settings (``data_settings``), as ``discover``'s arguments."""
     return {arg: data[key] for key, arg in SPLIT_ARGS.items() if data.get(key) is not None}
 
 
