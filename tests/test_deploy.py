@@ -105,6 +105,36 @@ def test_bad_export_counts_fail_in_one_line_and_leave_nothing(option, value, cal
     assert not out.exists()
 
 
+@pytest.mark.parametrize("edit", ["grayscale", "no_crop"])
+def test_an_evaluation_transform_that_infer_does_not_mirror_stops_the_export(edit, calibrated, tiny_data,
+                                                                               tmp_path, capsys, monkeypatch):
+    """A user's edit to the evaluation transforms (a grayscale step, another crop) that infer.py's
+    torch-free copy lacks: the ONNX file would pass its parity check on torch's inputs and then
+    answer infer.py and serve --onnx otherwise. The export stops, naming both places."""
+    from torchvision.transforms import v2
+
+    import project.data.datamodule as datamodule
+    from project.data.transforms import eval_transforms
+
+    def edited(pre):
+        steps = list(eval_transforms(pre).transforms)
+        if edit == "grayscale":
+            steps.insert(2, v2.Grayscale(num_output_channels=3))
+        else:
+            steps[1] = v2.Resize((pre.image_size, pre.image_size), antialias=True)
+        return v2.Compose(steps)
+
+    assert cli(["export", "--ckpt_path", str(calibrated), "--out", str(tmp_path / "same"), "--data_dir",
+                str(tiny_data), "--formats", "onnx", "--repeats", "1", "--check_images", "8"], tmp_path) == 0
+    monkeypatch.setattr(datamodule, "eval_transforms", edited)
+    out = tmp_path / "out"
+    assert cli(["export", "--ckpt_path", str(calibrated), "--out", str(out), "--data_dir", str(tiny_data),
+                "--formats", "onnx", "--repeats", "1"], tmp_path) == 2
+    err = one_error(capsys.readouterr().err)
+    assert "infer.py prepares images otherwise" in err and "eval_transforms" in err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("problem", ["missing", "corrupt", "not_a_checkpoint", "no_class_names"])
 def test_bad_checkpoints_fail_in_one_line_and_leave_nothing(problem, trained_run, tmp_path, capsys):
     ckpt = tmp_path / "model.ckpt"

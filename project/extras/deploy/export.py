@@ -138,6 +138,8 @@ def export_checkpoint(ckpt_path: Path, out: Path, formats: list[str], data_dir: 
     # what the formats are compared on: the task's (accuracy, a multi-label model's mAP, ...)
     metric, task_fn = model.task.export_score()
     val = check_dataset(dm, check_images) if splits is not None and splits.val else None
+    if "onnx" in formats:
+        check_infer_preprocessing(model.preprocessing, dm, val)
 
     def val_batches():
         return batches(val) if val is not None else []
@@ -209,6 +211,38 @@ def export_checkpoint(ckpt_path: Path, out: Path, formats: list[str], data_dir: 
               "latency": f"median of {repeats} runs after 3 warm-up runs, {threads} threads"}
     _write_report(out, report)
     return report
+
+
+def check_infer_preprocessing(pre, dm, val: ImageDataset | None) -> None:
+    """``infer.py`` and ``serve --onnx`` prepare images without torch (``infer.preprocess``): an
+    edit to the evaluation transforms that it does not mirror would feed the ONNX file other inputs
+    than those its accuracy is measured on here. Compared on a few validation images and a made-up
+    one, in steps of one pixel value (the two resizers may differ by rounding)."""
+    from project.common.pixels import DECODE_ERRORS, read_rgb
+    from project.data.transforms import eval_transforms
+    from project.extras.deploy.infer import preprocess
+
+    transform = dm.transform("val") if dm is not None else eval_transforms(pre)
+    ramp = np.linspace(0, 255, pre.resize_size * 4 // 3, dtype=np.float32)
+    made = np.stack([np.add.outer(ramp[: pre.resize_size] / 2, ramp / 2)] * 3, -1).astype(np.uint8)
+    images = {"a made-up gradient": made}
+    for sample in (val.samples[:4] if val is not None else []):
+        try:
+            images[sample.path] = read_rgb(sample.path, pre.resize_size)
+        except DECODE_ERRORS:
+            continue  # undecodable: left out of the accuracies too
+    std = np.reshape(pre.std, (3, 1, 1))
+    for name, rgb in images.items():
+        want = transform(torch.from_numpy(rgb).permute(2, 0, 1).contiguous()).numpy()
+        got = preprocess(rgb, pre)
+        diff = float(np.abs((want - got) * std).max() * 255) if want.shape == got.shape else float("inf")
+        if diff > 1.01:
+            raise ProjectError(
+                f"infer.py prepares images otherwise than evaluation does ({name}: shapes "
+                f"{tuple(want.shape)} and {tuple(got.shape)}, up to {diff:.1f} pixel values apart): "
+                "infer.py and serve --onnx would feed the ONNX file other inputs than those scored "
+                "here. Make preprocess in project/extras/deploy/infer.py do what the evaluation "
+                "transforms (project/data/transforms.py eval_transforms) do, or undo the change there")
 
 
 def _export_int8(out: Path, dm, n: int, method: str) -> None:
