@@ -249,6 +249,10 @@ def test_the_training_draw_is_seeded_per_epoch_and_balances_classes():
     assert [i for trio in zip(*shares, strict=True) for i in trio] == whole.global_draw()[0].tolist()
     evaluation = [list(ShardSampler(13, 3, r)) for r in range(3)]
     assert sorted(i for share in evaluation for i in share) == list(range(13))  # each image once
+    by_class = [i // 10 for i in range(40)]  # a split as its folders list it: class after class
+    first = list(ShardSampler(40))[:8]  # trainer.limit_val_batches=1 of batch 8
+    assert len({by_class[i] for i in first}) >= 3, "a limited validation scores the first classes only"
+    assert first == list(ShardSampler(40))[:8]  # the same images in every epoch and run
 
 
 @pytest.mark.parametrize("problem", ["missing", "file", "no_classes", "one_class", "empty_class"])

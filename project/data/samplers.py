@@ -52,14 +52,17 @@ class EpochSampler(DistributedSampler):
 
 
 class ShardSampler(DistributedSampler):
-    """Evaluation: rank r takes items r, r + R, ... unpadded: each image counts once."""
+    """Evaluation: rank r takes every R-th item, unpadded, so each image counts once, of one fixed
+    shuffle: a ``limit_val_batches`` below the whole split scores images of every class, not the
+    first class folders."""
 
     def __init__(self, num_items: int, num_replicas: int = 1, rank: int = 0) -> None:
         self.num_items, self.num_replicas, self.rank = num_items, num_replicas, rank
         self.epoch, self.drop_last, self.shuffle = 0, False, False
 
     def __iter__(self) -> Iterator[int]:
-        return iter(range(self.rank, self.num_items, self.num_replicas))
+        order = torch.randperm(self.num_items, generator=torch.Generator().manual_seed(0))
+        return iter(order[self.rank::self.num_replicas].tolist())
 
     def __len__(self) -> int:
         return len(range(self.rank, self.num_items, self.num_replicas))
