@@ -22,6 +22,11 @@ def headless_net() -> nn.Module:
                          nn.Linear(8, 10), Twice())
 
 
+def needs_classes(num_classes: int) -> nn.Module:
+    """A factory that wants an argument: the seam calls it with none."""
+    return tiny_net()
+
+
 def not_a_module():
     return "a string"
 

@@ -62,10 +62,24 @@ def test_an_own_backbone_trains_with_its_head_replaced(tiny_data, tmp_path):
     ("tests.own_backbon:tiny_net", "model.backbone 'tests.own_backbon:tiny_net': cannot import it"),
     ("tests.own_backbone:not_a_module", "returned a str, not a torch nn.Module"),
     ("tests.own_backbone:headless_net", "answers (1, 10) per image, not (1, 5)"),
+    ("tests.own_backbone:needs_classes", "is called with no arguments, and needs_classes(num_classes: int)"),
 ])
 def test_a_wrong_own_backbone_is_one_line(spec, message):
     with pytest.raises(backbones.WeightsError, match=message.replace("(", r"\(").replace(")", r"\)")):
         ImageClassifier(num_classes=5, backbone=spec, weights=None, input=32)
+
+
+@pytest.mark.parametrize("weights", ["weights/small", "IMAGENET1K_V1"])
+def test_an_own_backbones_weights_are_a_file_null_or_default(weights, caplog):
+    """A mistyped path (no suffix, no file) or a torchvision weights name would train the factory's
+    own initialisation under a setting that reads as weights: refused. DEFAULT keeps what the
+    factory built and says, at the start, that it counts as random weights."""
+    own = "tests.own_backbone:tiny_net"
+    with pytest.raises(backbones.WeightsError, match=f"model.weights '{weights}': no such file"):
+        ImageClassifier(num_classes=5, backbone=own, weights=weights, input=32)
+    with caplog.at_level("INFO", logger="project"):
+        model = ImageClassifier(num_classes=5, backbone=own, weights="DEFAULT", input=32)
+    assert not model.pretrained and "counted as random weights" in caplog.text
 
 
 def test_a_backbone_whose_head_was_not_replaced_fails_at_build_not_in_a_metric(monkeypatch):

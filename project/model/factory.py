@@ -2,11 +2,12 @@
 for such a name."""
 
 import importlib
+import inspect
 from pathlib import Path
 
 from torch import nn
 
-from project.model.sources import Backbone, WeightsError, head_layer, is_file, is_scratch
+from project.model.sources import Backbone, WeightsError, head_layer, is_file, is_scratch, log
 
 
 def load_factory(spec: str, weights: str | None) -> Backbone:
@@ -21,6 +22,14 @@ def load_factory(spec: str, weights: str | None) -> Backbone:
     except (ImportError, AttributeError, ValueError) as err:
         raise WeightsError(f"model.backbone '{spec}': cannot import it ({type(err).__name__}: {err}); "
                            "expected package.module:Factory, importable from here") from None
+    try:
+        inspect.signature(factory).bind()
+    except TypeError:
+        raise WeightsError(f"model.backbone '{spec}' is called with no arguments, and {attr}"
+                           f"{inspect.signature(factory)} needs some: give them defaults, or name a "
+                           "function of none that calls it") from None
+    except ValueError:
+        pass  # no signature to read (a builtin): called as it is
     net = factory()
     if not isinstance(net, nn.Module):
         raise WeightsError(f"model.backbone '{spec}' returned a {type(net).__name__}, not a torch nn.Module")
@@ -40,5 +49,11 @@ def load_factory(spec: str, weights: str | None) -> Backbone:
 
         note = load_file(net, Path(str(weights)).expanduser(), spec, head_name)
         return Backbone(net, head_name, True, note)
-    pretrained = bool(getattr(net, "pretrained", False))
-    return Backbone(net, head_name, pretrained, f"{spec} with the factory's own weights")
+    if str(weights).strip().upper() != "DEFAULT":  # a mistyped path would train the factory's own
+        raise WeightsError(f"model.weights '{weights}': no such file; for your own network (model.backbone "
+                           f"'{spec}') it is null, DEFAULT (the weights the factory loads) or a weights file")
+    if not getattr(net, "pretrained", False):
+        log.warning("Notice: model.weights=DEFAULT keeps what %s built, counted as random weights: set "
+                    "`pretrained = True` on the module it returns if it loaded trained ones", spec)
+        return Backbone(net, head_name, False, f"{spec} as built, not marked pretrained")
+    return Backbone(net, head_name, True, f"{spec} with the factory's own weights")
