@@ -188,6 +188,7 @@ def test_a_frozen_backbone_keeps_its_weights_and_batchnorm_statistics(tiny_data)
     model = ImageClassifier(num_classes=5, weights=None, input=32, scheduler=None)
     before = {k: v.clone() for k, v in model.net.state_dict().items() if not k.startswith("fc.")}
     head_before = model.net.fc.weight.detach().clone()
+    model.net.conv1.requires_grad_(False)  # the user's own network froze its stem for good
     recorder = _Recorder()
     _trainer(callbacks=[FreezeBackbone(epochs=1), recorder], num_sanity_val_steps=1).fit(
         model, FolderDataModule(tiny_data, batch_size=8, num_workers=0, preprocessing=model.preprocessing))
@@ -196,7 +197,8 @@ def test_a_frozen_backbone_keeps_its_weights_and_batchnorm_statistics(tiny_data)
         assert torch.equal(frozen[key], value), key
     assert not torch.equal(model.net.fc.weight, head_before)  # the head did learn
     moved = [k for k in before if not torch.equal(unfrozen[k], before[k])]
-    assert any(k.endswith("running_mean") for k in moved) and "conv1.weight" in moved
+    assert any(k.endswith("running_mean") for k in moved) and "layer1.0.conv1.weight" in moved
+    assert "conv1.weight" not in moved and not model.net.conv1.weight.requires_grad  # thawed: not this
     assert all(m.training for m in model.net.modules() if isinstance(m, nn.BatchNorm2d))
 
 

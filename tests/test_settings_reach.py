@@ -489,3 +489,18 @@ def test_loss_settings_are_read_when_the_loss_is_computed(task, loss):
                              f"stayed {before:.6f} (a model built with 0.3: {wanted:.6f}): it keeps the "
                              "value it was built with")
     assert after == pytest.approx(wanted, rel=1e-6)
+
+
+def test_mixup_and_cutmix_follow_their_settings_when_a_step_runs():
+    """A callback that turns MixUp off for the last epochs (or CutMix on after a warm-up) sets
+    ``model.hparams.mixup_alpha``/``cutmix_alpha``: the next training step must follow it. Fails
+    while the model keeps the mixing it was built with."""
+    model = ImageClassifier(num_classes=5, backbone=OWN_NET, weights=None, input=32, mixup_alpha=0.4)
+    targets: list[int] = []
+    model.loss = lambda logits, target: targets.append(target.dim()) or logits.sum()
+    model.log = lambda *args, **kwargs: None
+    batch = (torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3]))
+    for mixup, cutmix in ((0.4, 0.0), (0.0, 0.0), (0.0, 1.0)):
+        model.hparams.mixup_alpha, model.hparams.cutmix_alpha = mixup, cutmix
+        model.training_step(batch, 0)
+    assert targets == [2, 1, 2], "soft (2-D) targets while mixing is on, the labels while it is off"

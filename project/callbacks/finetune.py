@@ -24,18 +24,28 @@ class FreezeBackbone(Callback):
         if epochs < 0:
             raise ValueError(f"FreezeBackbone epochs must be 0 or more, got {epochs}")
         self.epochs = epochs
+        self.trainable: set[int] = set()
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # what the network leaves trainable before any freezing here: layers it froze for good
+        # (a factory's frozen stem) stay frozen when the backbone thaws
+        self.trainable = {id(p) for p in pl_module.net.parameters() if p.requires_grad}
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # every epoch: Lightning restores each module's mode after validation, and a resumed
         # run starts at its own epoch
-        set_backbone_frozen(pl_module.net, pl_module.head_name, trainer.current_epoch < self.epochs)
+        set_backbone_frozen(pl_module.net, pl_module.head_name, trainer.current_epoch < self.epochs,
+                            self.trainable)
 
 
-def set_backbone_frozen(net: nn.Module, head_name: str, frozen: bool) -> None:
+def set_backbone_frozen(net: nn.Module, head_name: str, frozen: bool, trainable: set[int]) -> None:
+    """Freeze or thaw the backbone's parameters among ``trainable`` (ids); the rest keep their state."""
     head_params = {id(p) for p in net.get_submodule(head_name).parameters()}
     for p in net.parameters():
-        if id(p) not in head_params:
+        if id(p) not in head_params and id(p) in trainable:
             p.requires_grad_(not frozen)
     for module in net.modules():  # called in training mode: unfrozen norms train again
-        if isinstance(module, NORM_LAYERS) and not any(id(p) in head_params for p in module.parameters()):
+        params = [id(p) for p in module.parameters()]
+        if (isinstance(module, NORM_LAYERS) and not set(params) & head_params
+                and (not params or set(params) & trainable)):
             module.train(not frozen)

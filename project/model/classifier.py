@@ -91,11 +91,7 @@ class ImageClassifier(L.LightningModule):
         self.net, self.head_name = built.net, built.head_name
         self.pretrained, self.weights_note = built.pretrained, built.weights_note
         self.lr = lr  # the LR finder reads and writes this attribute
-        self.mixing = None
-        if mixup_alpha or cutmix_alpha:
-            from project.model.mixing import batch_mixing
-
-            self.mixing = batch_mixing(num_classes, mixup_alpha, cutmix_alpha)
+        self._mixing: tuple = ((0.0, 0.0), None)  # (alphas, MixUp/CutMix): see batch_mixing
         self.register_buffer("class_weight", torch.ones(num_classes))  # in the checkpoint, for evaluate
         self.register_buffer("temperature", torch.ones(()))  # fitted by `python -m project calibrate`
         # the data chose the task; it reads hparams when used, as a callback may change them
@@ -161,8 +157,9 @@ class ImageClassifier(L.LightningModule):
             return None
         x, y = batch
         target = y
-        if self.mixing is not None:
-            x, target = self.mixing(x, y)  # soft targets; the training metric still against the labels
+        mixing = self.batch_mixing()
+        if mixing is not None:
+            x, target = mixing(x, y)  # soft targets; the training metric still against the labels
         if unlabeled is None or self.unlabeled_objective is None:
             logits, extra = self(x), None
         else:  # one forward over the labeled images and both views of the unlabeled ones
@@ -175,6 +172,15 @@ class ImageClassifier(L.LightningModule):
         self.log("train/loss", loss, prog_bar=True, batch_size=len(y))
         self.log(self.task.train_metric_name, self.train_acc, on_step=False, on_epoch=True, prog_bar=True)
         return loss
+
+    def batch_mixing(self):
+        """MixUp/CutMix as ``mixup_alpha``/``cutmix_alpha`` say now: a callback may schedule them."""
+        alphas = (self.hparams.mixup_alpha, self.hparams.cutmix_alpha)
+        if self._mixing[0] != alphas:
+            from project.model.mixing import batch_mixing
+
+            self._mixing = (alphas, batch_mixing(self.hparams.num_classes, *alphas))
+        return self._mixing[1]
 
     def on_train_epoch_end(self) -> None:
         if self.unlabeled_objective is not None:
