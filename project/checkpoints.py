@@ -165,7 +165,8 @@ def datamodule_for(ckpt_path: str | Path, model, data_dir: str | None = None):
     if not settings["data_dir"]:
         raise CheckpointError(f"'{ckpt_path}' does not say which data it was trained on: pass --data_dir DIR")
     check_trained_data_dir(ckpt_path, settings["data_dir"], "--data_dir ", given=data_dir is not None)
-    return FolderDataModule(**{**settings, "cache": "none", "preprocessing": model.preprocessing})
+    return FolderDataModule(**{**settings, "cache": "none", "preprocessing": model.preprocessing,
+                               "unlabeled": None})  # training's alone (the folder may be gone)
 
 
 def check_trained_data_dir(ckpt_path: str | Path, data_dir: str, option: str, given: bool = False) -> None:

@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
 from project.callbacks.guards import Guards
-from project.common.argv import check_renamed, pop_option
+from project.common.argv import check_renamed, expand_shorthands, pop_option
 from project.common.preprocessing import plain
 from project.data import FolderDataModule
 from project.errors import ConfigError, ProjectError
@@ -42,8 +42,9 @@ class ProjectCLI(LightningCLI):
                  run_dir: str | Path | None = None) -> None:
         """``tool``: a diagnosis run (the guards only, no saved config); ``run_dir``: every logger's."""
         self.tool, self.run_dir = tool, Path(run_dir) if run_dir else None
-        check_renamed(list(sys.argv[1:] if args is None else args))  # a config of an older version
-        ckpt = pop_option(list(sys.argv[1:] if args is None else args), "--ckpt_path")[1]
+        args = expand_shorthands(list(sys.argv[1:] if args is None else args))
+        check_renamed(args)  # a config of an older version
+        ckpt = pop_option(args, "--ckpt_path")[1]
         if ckpt:  # before Lightning reads its hyperparameters: one line of error for a foreign file
             from project.checkpoints import read_checkpoint
 

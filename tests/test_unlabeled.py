@@ -177,12 +177,48 @@ def test_a_semi_supervised_run_resumes_bit_exactly_at_an_epoch_boundary(tiny_dat
     assert above[-1] == scalars(run_b)["train/unlabeled_above_threshold"][-1] and above[-1][1] > 0
 
 
-def test_data_unlabeled_dir_is_short_for_its_images(tiny_data, tmp_path):
+def test_data_unlabeled_dir_is_short_for_its_images(tiny_data, unlabeled_dir, tmp_path):
     """``--data.unlabeled=DIR``, the shorthand a user tries first, as ``model.input: 224`` is for
-    the size: the folder's images train as unlabeled ones, with the other settings' defaults."""
-    assert cli(["fit", *fit_args(tiny_data, *QUICK, f"--data.unlabeled={tiny_data / 'test'}", epochs=1)],
-               tmp_path) == 0
+    the size: the folder's images train as unlabeled ones, with the other settings' defaults, and a
+    ``--data.unlabeled.*`` beside it, before or after, changes that setting alone (jsonargparse by
+    itself replaced the folder, or the setting, with the group's default)."""
+    from project.cli import ProjectCLI
+
+    for args in ([f"--data.unlabeled={unlabeled_dir}", "--data.unlabeled.ratio=2"],
+                 ["--data.unlabeled.ratio=2", "--data.unlabeled", str(unlabeled_dir)]):
+        cli_ = ProjectCLI(args=fit_args(tiny_data, *QUICK, *args, epochs=1), run=False)
+        assert (cli_.datamodule.unlabeled.images, cli_.datamodule.unlabeled.ratio) == (str(unlabeled_dir), 2)
+    folder = shutil.copytree(unlabeled_dir, tmp_path / "unlabeled")
+    assert cli(["fit", *fit_args(tiny_data, *QUICK, f"--data.unlabeled={folder}", epochs=1)], tmp_path) == 0
     run = only_run(tmp_path / "logs")
     assert "train/unlabeled_loss" in scalars(run)
-    stored = read_checkpoint(next((run / "checkpoints").glob("*.ckpt")))["datamodule_hyper_parameters"]
-    assert stored["unlabeled"]["images"] == str(tiny_data / "test") and stored["unlabeled"]["ratio"] == 7
+    ckpt = next((run / "checkpoints").glob("best*.ckpt"))
+    stored = read_checkpoint(ckpt)["datamodule_hyper_parameters"]
+    assert stored["unlabeled"]["images"] == str(folder) and stored["unlabeled"]["ratio"] == 7
+    shutil.rmtree(folder)  # what comes after training knows nothing of the unlabeled images
+    assert cli(["evaluate", str(ckpt)], tmp_path) == 0
+    assert cli(["calibrate", "--ckpt_path", str(ckpt)], tmp_path) == 0
+    config = tmp_path / "mine.yaml"  # the one-word form in a file, with a setting of the group given
+    config.write_text(f"data:\n  unlabeled: {unlabeled_dir}\n")
+    with pytest.raises(ConfigError, match=f"write `unlabeled: {{images: {unlabeled_dir}}}` there"):
+        ProjectCLI(args=fit_args(tiny_data, f"--config={config}", "--data.unlabeled.ratio=2"), run=False)
+
+
+def test_labeled_images_in_the_unlabeled_folder_are_left_out(tiny_data, unlabeled_dir, tmp_path, caplog):
+    """An unlabeled folder above the data set (photos/ holding labeled/ and new/): its labeled
+    images, validation and test ones too, would train on their own pseudo-labels and inflate the
+    scores. They are left out, with a notice; a folder of labeled images alone is refused."""
+    root = tmp_path / "photos"
+    shutil.copytree(tiny_data / "train", root / "labeled")  # 5 classes, split 70/15/15 for the run
+    shutil.copytree(unlabeled_dir, root / "new")
+    caplog.set_level("INFO")
+
+    def unlabeled(images: Path) -> list[str]:
+        dm = FolderDataModule(str(root / "labeled"), num_workers=0, preprocessing={"image_size": 32},
+                              unlabeled=Unlabeled(images=str(images)))
+        return [Path(s.path).parent.name for s in dm.unlabeled_samples]
+
+    assert unlabeled(root) == ["new"] * 41
+    assert "Notice: 40 images in data.unlabeled.images are the data set's labeled ones" in caplog.text
+    with pytest.raises(ConfigError, match="data.unlabeled.images .*holds only the data set's labeled images"):
+        unlabeled(root / "labeled")

@@ -20,6 +20,21 @@ def pop_option(argv: list[str], name: str) -> tuple[list[str], str | None]:
     return rest, getattr(found, name.lstrip("-"))
 
 
+def expand_shorthands(argv: list[str]) -> list[str]:
+    """``--data.unlabeled=DIR`` as ``--data.unlabeled.images=DIR``: jsonargparse replaces the
+    one-word form with the group's defaults when a ``--data.unlabeled.*`` comes with it."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        name, eq, value = arg.partition("=")
+        if name != "--data.unlabeled" or not eq and i + 1 == len(out):
+            continue
+        value = value if eq else out[i + 1]
+        if value.strip().lower() not in ("", "null", "none") and not value.lstrip().startswith("{"):
+            out[i: i + (1 if eq else 2)] = [f"--data.unlabeled.images={value}"]
+            return expand_shorthands(out)
+    return out
+
+
 def check_renamed(argv: list[str]) -> None:
     """An old key (``RENAMED``) on the command line or in a ``--config`` file: one line naming the new."""
     import yaml
@@ -31,6 +46,11 @@ def check_renamed(argv: list[str]) -> None:
         text = yaml.safe_load(Path(config).read_text()) if Path(config).is_file() else None
         if isinstance(text, dict):
             keys |= {f"{section}.{k}" for section, v in text.items() if isinstance(v, dict) for k in v}
+            short = (text.get("data") or {}).get("unlabeled") if isinstance(text.get("data"), dict) else None
+            given = {a.split("=", 1)[0] for a in argv if a.startswith("--data.unlabeled.")}
+            if isinstance(short, str) and given and "--data.unlabeled.images" not in given:
+                raise ConfigError(f"{config}: `unlabeled: {short}` is replaced by the --data.unlabeled.* "
+                                  f"given with it: write `unlabeled: {{images: {short}}}` there")
     for old in sorted(keys & set(RENAMED)):
         group = RENAMED[old].split(".")[1]
         example = f" (model.{group} is a group: {GROUPS[group]})" if group in GROUPS else ""

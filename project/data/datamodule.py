@@ -187,7 +187,7 @@ class FolderDataModule(L.LightningDataModule):
         for split in wanted.get(stage or "fit", ("train", "val", "test")):
             if split not in self.datasets:
                 self.datasets[split] = self.make_dataset(split)
-        if self.extra_val_names or self.unlabeled_samples:
+        if self.extra_val_names or stage in (None, "fit") and self.unlabeled_samples:
             self.rare.setup(stage or "fit")
 
     def make_dataset(self, split: str) -> ImageDataset:

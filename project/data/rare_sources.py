@@ -4,11 +4,16 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from pathlib import Path
 
 from torch.utils.data import DataLoader
 
 from project.data.samples import Sample
+from project.errors import require
+
+log = logging.getLogger("project")
 
 
 class RareSources:
@@ -27,7 +32,17 @@ class RareSources:
         from project.data.unlabeled_stream import unlabeled_samples
 
         dm = self.dm
-        return unlabeled_samples(dm.unlabeled, dm.data_dir, dm.hparams.labels, self.unlabeled_from_table)
+        found = unlabeled_samples(dm.unlabeled, dm.data_dir, dm.hparams.labels, self.unlabeled_from_table)
+        # the labeled images, val's and test's above all, are no pseudo-labels' to train on
+        labeled = {os.path.abspath(s.path) for split in ("train", "val", "test")
+                   for s in getattr(dm.splits, split)}
+        kept = [s for s in found if os.path.abspath(s.path) not in labeled]
+        if len(kept) < len(found):
+            require(bool(kept), "data.unlabeled.images", "holds only the data set's labeled images",
+                    dm.unlabeled.images)
+            log.info("Notice: %d images in data.unlabeled.images are the data set's labeled ones (training, "
+                     "validation or test): left out of the unlabeled images", len(found) - len(kept))
+        return kept
 
     def extra_val_names(self) -> list[str]:
         from project.data.extra_val import check_extra_val

@@ -27,7 +27,8 @@ from project.runs import resolve_checkpoint, run_config
 # What a run's config may hold to shorten its loops (configs/presets/debug.yaml, a quick check);
 # put back so that nothing limits the test loop. 1.0, not 1: Lightning reads an int 1 as one batch.
 WHOLE_TEST_SPLIT = ("--trainer.limit_test_batches=1.0", "--trainer.limit_val_batches=1.0",
-                    "--trainer.fast_dev_run=false", "--trainer.overfit_batches=0.0")
+                    "--trainer.fast_dev_run=false", "--trainer.overfit_batches=0.0",
+                    "--data.unlabeled=null")  # FixMatch's images: training's alone (they may be gone)
 # The reference number: the per-image pass of the report is float32 too, so the two agree.
 EVAL_PRECISION = "--trainer.precision=32-true"
 
