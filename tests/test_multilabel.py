@@ -240,6 +240,24 @@ def test_blank_split_cells_in_a_split_column_are_a_notice(multilabel_data, tmp_p
     assert "2 rows of" in caplog.text and "have no split (the first on line 8)" in caplog.text
 
 
+def test_a_columns_separator_is_decided_once_so_names_keep_their_spaces(multilabel_data, tmp_path, capsys):
+    """A ';' anywhere in the column separates every cell by ';': 'light blue' alone is one label."""
+    from project.data.tables import read_table
+
+    table = tmp_path / "labels.csv"
+    cells = ["light blue;circle", "light blue", "dots", "circle;dots", "dark red", "light blue"]
+    splits = ["train"] * 5 + ["val"]
+    table.write_text("image,labels,split\n" + "".join(
+        f"img/{k:03d}.png,{cell},{split}\n" for k, (cell, split) in enumerate(zip(cells, splits, strict=True))
+    ))
+    read = read_table(table, multilabel_data)
+    assert read.problems == [] and read.task == "multilabel"
+    assert [r.label for r in read.rows][1] == ["light blue"]
+    assert discover_table(table, multilabel_data).classes == ["circle", "dark red", "dots", "light blue"]
+    assert cli(["check-data", str(multilabel_data), "--labels", str(table)], tmp_path) == 0
+    assert "light blue" not in capsys.readouterr().out  # no unknown or split label named
+
+
 def test_check_data_lists_images_that_no_row_names(multilabel_data, tmp_path, capsys):
     table = tmp_path / "labels.csv"
     cells = ("circle dots", "cross dots", "circle")  # no label on every image (that is an error)

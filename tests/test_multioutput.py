@@ -91,6 +91,48 @@ def test_a_column_that_cannot_train_is_one_line_naming_it(shape_colour_data, tmp
     assert not (tmp_path / "logs").exists()
 
 
+@pytest.mark.parametrize(("header", "says"), [
+    ("image,confidence,path", ["column 'confidence' would overwrite the field 'confidence'",
+                               "column 'path' would overwrite the field 'path'"]),
+    ("image,shape_prob,shape", ["column 'shape' would overwrite the field 'shape_prob'"]),
+])
+def test_a_column_named_like_an_answer_field_is_refused_when_read(shape_colour_data, tmp_path, header, says):
+    """predict, infer.py and serve write each column's class under its name: a column 'path'
+    would overwrite the image's path in every answer."""
+    from project.data.tables import read_table
+
+    table = tmp_path / "fields.csv"
+    table.write_text(header + "\n" + "".join(
+        r + "\n" for r in (shape_colour_data / "labels.csv").read_text().splitlines()[1:]))
+    problems = read_table(table, shape_colour_data).problems
+    assert len(problems) == len(says) and all(p.startswith(f"{table} line 1: ") for p in problems)
+    assert all(said in p and "rename the column" in p for said, p in zip(says, problems, strict=True))
+    assert "(path, predicted, confidence, error, unsure, cam and each column's <column>_prob" in problems[0]
+    numbers = tmp_path / "numbers.csv"  # a regression's value columns are its answers' fields too
+    numbers.write_text("image,error,count\n" + "".join(f"img/{k:03d}.png,{k % 3},{k % 5}\n"
+                                                        for k in range(20)))
+    problems = read_table(numbers, shape_colour_data).problems
+    assert problems == [f"{numbers} line 1: column 'error' would overwrite the field 'error' of predict's "
+                        "answers (path, predicted, error are taken); rename the column (e.g. 'error_value')"]
+
+
+def test_a_word_column_beside_label_is_a_notice_naming_the_fix(shape_colour_data, tmp_path, caplog):
+    """image,label,colour trains single-label on label: colour is named, never dropped silently."""
+    from project.data.tables import read_table
+
+    table = tmp_path / "label.csv"
+    table.write_text("image,label,colour\n" + "".join(
+        r + "\n" for r in (shape_colour_data / "labels.csv").read_text().splitlines()[1:]))
+    with caplog.at_level("INFO", logger="project"):
+        read = read_table(table, shape_colour_data)
+        read_table(table, shape_colour_data)  # said once
+    assert read.problems == [] and read.task == "multiclass"
+    notices = [r.getMessage() for r in caplog.records if "not trained on" in r.getMessage()]
+    assert notices == [f"Notice: {table}: column colour not trained on (the multiclass run reads label); "
+                       "rename 'label' (e.g. to class) to train on every word column (multi-output), or "
+                       "drop them"]
+
+
 def test_a_class_no_training_row_has_is_one_line(shape_colour_data, tmp_path, capsys):
     lines = (shape_colour_data / "labels.csv").read_text().splitlines()
     table = tmp_path / "split.csv"

@@ -68,7 +68,7 @@ def choose_task(path: Path, columns: list[str], cells: dict[str, list[str]], tas
         if found is None:
             raise DataFolderError(f"data.task={task}, but {path} has columns {', '.join(columns)}: "
                                   f"{reader.format or 'not a table this task reads'}; set data.task=auto")
-        return task, reader(found, path)
+        return task, looked(reader(found, path), cells)
     claims = [(name, reader, reader.claim(columns, cells)) for name, reader in zip(
         tasks.TASKS, map(labels_of, registered_tasks()), strict=True)]
     claims = [c for c in claims if c[2] is not None]
@@ -78,7 +78,31 @@ def choose_task(path: Path, columns: list[str], cells: dict[str, list[str]], tas
         raise DataFolderError(f"{path}: tasks {', '.join(c[0] for c in claims)} each read its columns; "
                               "choose with data.task")
     name, reader, found = claims[0]
-    return name, reader(found, path)
+    return name, looked(reader(found, path), cells)
+
+
+def looked(labels: Labels, cells: dict[str, list[str]]) -> Labels:
+    """The reader once it has seen the whole columns (``Labels.look``: a column's separator)."""
+    labels.look(cells)
+    return labels
+
+
+_NOTICED: set[tuple[str, tuple[str, ...]]] = set()  # once per table (init reads it twice)
+
+
+def notice_unread(table: Table, unread: list[str]) -> None:
+    """A notice naming the columns the claiming task leaves unread (``image,label,color``: the
+    ``label`` column claims a single-label run), never dropped without a word."""
+    key = (os.path.abspath(table.path), tuple(unread))
+    if not unread or key in _NOTICED:
+        return
+    _NOTICED.add(key)
+    read = table.labels.columns
+    fix = (f"rename '{read[0]}' (e.g. to class) to train on every word column (multi-output), or drop "
+           "them" if read == ["label"] else "drop them from the table")
+    names = ", ".join(unread[:5]) + (f" and {len(unread) - 5} more" if len(unread) > 5 else "")
+    log.warning("Notice: %s: column%s %s not trained on (the %s run reads %s); %s", table.path,
+                "s" if len(unread) > 1 else "", names, table.task, ", ".join(read), fix)
 
 
 def not_found_fix(image: str, table_dir: Path) -> str:
@@ -125,6 +149,7 @@ def read_table(path: str | Path, data_dir: str | Path, unlabeled_ok: bool = Fals
     except DataFolderError as err:
         table.problems.append(str(err))
         return table
+    notice_unread(table, [c for c in cells if c not in table.labels.columns])
     first_line: dict[str, int] = {}
     for line, row in raw:
         image, given_split = (row.get("image") or "").strip(), (row.get("split") or "").strip()

@@ -7,7 +7,6 @@ checks, names, encodes and splits its labels. Torch-free (check-data reads table
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -44,6 +43,10 @@ class Labels:
     def accept(cls, columns: list[str], cells: dict[str, list[str]]) -> list[str] | None:
         """Its label columns when ``data.task`` names it (it may read more than it claims)."""
         return cls.claim(columns, cells)
+
+    def look(self, cells: dict[str, list[str]]) -> None:
+        """What it decides once from whole columns before reading a row (``cells``: every column's
+        values), so that every row, and every command, reads a cell the same way; nothing here."""
 
     def read(self, row: dict[str, str]) -> tuple[object, str | None]:
         """(the row's label, None), (None, None) for an empty label (an unlabeled image), or
@@ -111,10 +114,18 @@ def unknown_in_evaluation(labels: Labels, rows: list[Row], names_of) -> list[str
     return problems
 
 
-def split_labels(cell: str, several: bool) -> list[str]:
-    """The class names in a cell: one, or several separated by ``;`` (else by spaces). ``NaN``
-    is a missing value (a data frame's, written out as text), never a class."""
+def label_separator(cells: list[str]) -> str:
+    """How a column of several labels per cell separates them, decided once for the whole column
+    (per cell, a row holding only ``light blue`` would read as two labels where ``light blue;circle``
+    reads one): ``;`` when any cell holds one, else whitespace (``" "``)."""
+    return ";" if any(";" in c for c in cells) else " "
+
+
+def split_labels(cell: str, several: bool, separator: str) -> list[str]:
+    """The class names in a cell: one, or several separated by ``separator`` (``;``, or ``" "``:
+    any whitespace), the column's :func:`label_separator`. ``NaN`` is a missing value (a data
+    frame's, written out as text), never a class."""
     if not several:
         return [cell.strip()] if cell.strip() and cell.strip().lower() != "nan" else []
-    return [n for n in re.split(r";" if ";" in cell else r"\s+", cell.strip())
+    return [n.strip() for n in (cell.split(";") if separator == ";" else cell.split())
             if n.strip() and n.strip().lower() != "nan"]

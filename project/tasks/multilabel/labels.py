@@ -11,6 +11,7 @@ from project.tasks.labels import (
     Labels,
     Row,
     indicator_columns,
+    label_separator,
     split_labels,
     unknown_in_evaluation,
 )
@@ -23,12 +24,19 @@ class SeveralClasses(Labels):
     def claim(cls, columns: list[str], cells: dict[str, list[str]]) -> list[str] | None:
         if "label" not in columns and "labels" not in columns and indicator_columns(cells):
             return list(cells)  # image,cat,dog with 0 and 1
-        several = "labels" in columns and any(len(split_labels(c, True)) > 1 for c in cells["labels"])
+        separator = label_separator(cells.get("labels", []))
+        several = "labels" in columns and any(len(split_labels(c, True, separator)) > 1
+                                              for c in cells["labels"])
         return ["labels"] if several else None
 
     @classmethod
     def accept(cls, columns: list[str], cells: dict[str, list[str]]) -> list[str] | None:
         return next(([c] for c in ("labels", "label") if c in columns), list(cells) or None)
+
+    separator = ";"  # the labels column's (``look``)
+
+    def look(self, cells: dict[str, list[str]]) -> None:
+        self.separator = label_separator(cells.get(self.columns[0], []))
 
     @property
     def indicators(self) -> bool:
@@ -41,7 +49,7 @@ class SeveralClasses(Labels):
             if wrong is not None:
                 return None, f"'{cells[wrong]}' in label column '{wrong}' is not 0 or 1"
             return [c for c, v in cells.items() if INDICATOR[v]], None  # all 0: none of them, a label too
-        names = split_labels(row.get(self.columns[0]) or "", self.columns[0] == "labels")
+        names = split_labels(row.get(self.columns[0]) or "", self.columns[0] == "labels", self.separator)
         return (names or None), None
 
     def check(self, rows: list[Row]) -> list[str]:

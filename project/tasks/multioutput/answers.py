@@ -23,13 +23,19 @@ class ClassPerColumn(Answers):
         parts = [softmax(logits[..., part], self.temperature) for _, _, part in self.columns]
         return np.concatenate(parts, -1)
 
+    @staticmethod
+    def fields(column: str) -> tuple[str, str]:
+        """A column's fields in a row: its class, and that class's probability."""
+        return column, f"{column}_prob"
+
     def row(self, path: str, scores: np.ndarray, k: int) -> dict:
         row = {"path": path, "predicted": "", "confidence": ""}
         answers, lowest = [], 1.0
         for column, classes, part in self.columns:
             best = int(np.argmax(scores[part]))
             answers.append(classes[best])
-            row[column], row[f"{column}_prob"] = classes[best], f"{scores[part][best]:.6f}"
+            name, prob = self.fields(column)
+            row[name], row[prob] = classes[best], f"{scores[part][best]:.6f}"
             lowest = min(lowest, float(scores[part][best]))
         row.update(predicted=";".join(answers), confidence=f"{lowest:.6f}", error="")
         return row
@@ -42,7 +48,7 @@ class ClassPerColumn(Answers):
             return rows
         index = {name: i for i, name in enumerate(self.names)}
         for r in rows:  # unsure when any column's class is below its own minimum
-            r["unsure"] = any(float(r[f"{c}_prob"]) < floors[index[f"{c}={r[c]}"]]
+            r["unsure"] = any(float(r[self.fields(c)[1]]) < floors[index[f"{c}={r[c]}"]]
                               for c, _, _ in self.columns)
             if r["unsure"]:
                 r["predicted"] = "unsure"
@@ -50,3 +56,20 @@ class ClassPerColumn(Answers):
 
     def explained(self, scores: np.ndarray) -> int | None:
         return int(np.argmax(scores[self.columns[0][2]]))  # the first column's class
+
+
+def own_fields() -> list[str]:
+    """The fields of every row besides the columns', read off a row without columns (path,
+    predicted, ...), and ``cam``: serve's heat map, added to a row after the answers."""
+    return [*ClassPerColumn([], {}).rows_from_scores(["x"], np.zeros((1, 0)), 1, "0")[0], "cam"]
+
+
+def clashes(columns: list[str]) -> list[tuple[str, str]]:
+    """(column, field) for each column whose fields in predict's, infer.py's and serve's rows
+    (:meth:`ClassPerColumn.fields`) another would overwrite: a row's own, or an earlier column's."""
+    taken, found = set(own_fields()), []
+    for column in columns:
+        fields = ClassPerColumn.fields(column)
+        found += [(column, f) for f in fields if f in taken][:1]
+        taken.update(fields)
+    return found

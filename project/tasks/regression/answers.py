@@ -31,3 +31,9 @@ class Values(Answers):
 
     def explained(self, scores: np.ndarray) -> int | None:
         return None  # no class to explain
+
+
+def own_fields() -> list[str]:
+    """The fields of every row besides the values' (path, predicted, error), read off a row
+    without values: a value column of one of these names would overwrite it."""
+    return list(Values([], {}).row("x", np.zeros(0), 1))

@@ -3,7 +3,7 @@ cells hold one name each)."""
 
 from __future__ import annotations
 
-from project.tasks.labels import Labels, Row, split_labels, unknown_in_evaluation
+from project.tasks.labels import Labels, Row, label_separator, split_labels, unknown_in_evaluation
 
 
 class OneClass(Labels):
@@ -13,7 +13,8 @@ class OneClass(Labels):
     def claim(cls, columns: list[str], cells: dict[str, list[str]]) -> list[str] | None:
         if "label" in columns:
             return ["label"]
-        if "labels" in columns and all(len(split_labels(c, True)) <= 1 for c in cells["labels"]):
+        separator = label_separator(cells.get("labels", []))
+        if "labels" in columns and all(len(split_labels(c, True, separator)) <= 1 for c in cells["labels"]):
             return ["labels"]
         return None
 
@@ -21,8 +22,13 @@ class OneClass(Labels):
     def accept(cls, columns: list[str], cells: dict[str, list[str]]) -> list[str] | None:
         return next(([c] for c in ("label", "labels") if c in columns), None)
 
+    separator = ";"  # the labels column's (``look``)
+
+    def look(self, cells: dict[str, list[str]]) -> None:
+        self.separator = label_separator(cells.get(self.columns[0], []))
+
     def read(self, row: dict[str, str]) -> tuple[object, str | None]:
-        names = split_labels(row.get(self.columns[0]) or "", self.columns[0] == "labels")
+        names = split_labels(row.get(self.columns[0]) or "", self.columns[0] == "labels", self.separator)
         if len(names) > 1:
             return None, (f"'{(row.get('image') or '').strip()}' has several labels ({', '.join(names)}), "
                           "but this task takes one class per image; set data.task=multilabel or auto")
