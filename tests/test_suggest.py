@@ -92,6 +92,20 @@ def test_margin_kcenter_takes_uncertain_images_from_different_clusters():
     assert "Z" in [names[i] for i in order(rank_pool(pool, "k-center", n=2))]  # diversity alone
 
 
+def test_margin_kcenter_on_a_small_pool_picks_among_the_less_certain_half():
+    # 24 images: 12 unsure ones in one tight cluster, 12 sure ones (margin 1) spread far apart;
+    # with 10 x n >= the pool every image was a candidate and k-center took the sure outliers
+    gen = torch.Generator().manual_seed(0)
+    unsure = 0.01 * torch.randn(12, 2, generator=gen)
+    sure = torch.tensor([[100.0 * (k + 1), 50.0 * (k % 3)] for k in range(12)])
+    gaps = [0.02 * k for k in range(12)] + [1.0] * 12
+    pool = pool_of([[(1 + g) / 2, (1 - g) / 2] for g in gaps], torch.cat([unsure, sure]))
+    rows = rank_pool(pool, "margin-kcenter", n=5)
+    assert len(rows) == 5 and all(i < 12 for i in order(rows)), order(rows)
+    assert max(r["score"] for r in rows) < 1.0
+    assert sorted(order(rank_pool(pool, "margin-kcenter", n=20))) == list(range(20))  # n over half: n
+
+
 def test_random_is_seeded_repeatable_and_not_another_strategy_s_order():
     probs = [[0.5 + i / 100, 0.5 - i / 100] for i in range(30)]
     pool = pool_of(probs, clusters(per=10))
@@ -109,6 +123,10 @@ def test_an_unknown_strategy_fails_in_one_line_naming_the_option_and_the_choices
     assert "--strategy 'margins'" in error and all(name in error for name in STRATEGIES)
     with pytest.raises(ProjectError, match="--strategy"):
         rank_pool(pool_of(UNSURE), "k_center", n=1)
+    (tmp_path / "labels.csv").write_text("image,label\n")  # a table, not a folder of images
+    assert cli(["suggest", "--unlabeled", str(tmp_path / "labels.csv")], tmp_path) == 2
+    error = one_error(capsys.readouterr().err)
+    assert "--unlabeled" in error and "labels.csv" in error and "takes a folder of images" in error
 
 
 def test_margin_is_refused_for_a_multilabel_model_and_k_center_works(tiny_data):
@@ -161,6 +179,51 @@ def test_suggest_writes_the_csv_and_contact_sheet_and_counts_a_broken_file(train
                                                             for r in rows)
     with Image.open(run / "suggest" / "to_label.png") as sheet:
         assert sheet.format == "PNG" and sheet.width > 200
+    assert "--labels LABELS.csv" in out.out  # a run of class folders: no table to name
+
+    # a label typed into to_label.csv, then suggest again: refused, the file as it was
+    rows[1]["label"] = "circle"
+    with open(run / "suggest" / "to_label.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    typed = (run / "suggest" / "to_label.csv").read_text()
+    again = ["suggest", "--unlabeled", str(unlabeled), "--ckpt_path", str(run), "--n", "3"]
+    assert cli(again, tmp_path) == 2
+    error = one_error(capsys.readouterr().err)
+    assert str(run / "suggest" / "to_label.csv") in error and "1 filled label" in error
+    assert "--add" in error and "move or delete" in error
+    assert (run / "suggest" / "to_label.csv").read_text() == typed
+    # labels the run's data holds already (added and trained on): nothing lost, so written anew
+    rows[1]["image"] = str(sorted((tiny_data / "train").rglob("*.png"))[3])
+    with open(run / "suggest" / "to_label.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    assert cli(again, tmp_path) == 0
+    assert [r["label"] for r in read_csv(run / "suggest" / "to_label.csv")[1]] == ["", "", ""]
+
+
+def test_the_add_hint_names_the_run_s_table_and_its_data_dir(tmp_path):
+    from project.extras.suggest.command import add_command, keep_filled_labels
+
+    csv_path = tmp_path / "run" / "suggest" / "to_label.csv"
+    table = tmp_path / "F" / "labels.csv"
+    assert add_command(csv_path, None, str(tmp_path)).endswith("--labels LABELS.csv")
+    assert add_command(csv_path, str(table), str(tmp_path / "F")).endswith(f"--labels {table}")
+    assert add_command(csv_path, str(table), str(tmp_path / "F" / "mine")).endswith(
+        f"--labels {table} --data_dir {tmp_path / 'F' / 'mine'}")
+    # a filled to_label.csv: kept from overwriting until the run's table (data_dir F/mine) holds it
+    image = tmp_path / "F" / "mine" / "img" / "u1.png"
+    csv_path.parent.mkdir(parents=True)
+    write_csv([{"image": str(image), "suggested": "dots", "score": 0.1, "rank": 1}], csv_path)
+    csv_path.write_text(csv_path.read_text().replace(",,dots", ",star,dots"))
+    table.parent.mkdir(parents=True)
+    table.write_text("image,label\nimg/u1.png,\n")
+    with pytest.raises(ProjectError, match=f"1 filled label.*--data_dir {tmp_path / 'F' / 'mine'}"):
+        keep_filled_labels(csv_path, set(), str(table), str(tmp_path / "F" / "mine"))
+    table.write_text("image,label\nimg/u1.png,star\n")  # added (not trained on yet): nothing lost
+    keep_filled_labels(csv_path, set(), str(table), str(tmp_path / "F" / "mine"))
 
 
 def test_rank_images_gives_min_of_n_and_the_decodable_images_best_first(trained_run, unlabeled):
@@ -216,8 +279,49 @@ def test_add_appends_the_labeled_rows_to_a_table_the_reader_reads(tiny_data, tmp
     assert cli(args, tmp_path) == 0  # twice: nothing more
     assert "0 rows added" in capsys.readouterr().out and len(read_table(data / "labels.csv", data).rows) == 6
 
+    # a table in F whose paths are relative to data.data_dir=F/mine, not to the table's folder
+    folder = tmp_path / "F"
+    (folder / "mine" / "img").mkdir(parents=True)
+    for i in range(4):
+        shutil.copy(known[i], folder / "mine" / "img" / f"u{i}.png")
+    (folder / "labels.csv").write_text("image,label\nimg/u0.png,checker\nimg/u1.png,\nimg/u2.png,\n"
+                                       "img/u3.png,\n")
+    answers = [{"image": str(folder / "mine" / "img" / f"u{i}.png"), "suggested": "dots", "score": 0.1,
+                "rank": i} for i in (1, 2)] + [{"image": str(new / "n0.png"), "suggested": "dots",
+                                                "score": 0.2, "rank": 3}]
+    write_csv(answers, tmp_path / "answers.csv")
+    text = (tmp_path / "answers.csv").read_text().splitlines()
+    text[1] = text[1].replace(",,dots", ",star,dots")  # u1 answered; u2 and n0 left empty
+    (tmp_path / "answers.csv").write_text("\n".join(text) + "\n")
+    for data_dir in ([], ["--data_dir", str(folder / "mine")]):  # found alone, or given
+        assert cli(["suggest", "--add", str(tmp_path / "answers.csv"), "--labels", str(folder / "labels.csv"),
+                    *data_dir], tmp_path) == 0
+        out = capsys.readouterr().out
+        table = read_table(folder / "labels.csv", folder / "mine", unlabeled_ok=True)
+        assert not table.problems, table.problems
+        assert {r.image: r.label for r in table.rows} == {"img/u0.png": "checker", "img/u1.png": "star"}
+        assert sorted(table.unlabeled) == ["img/u2.png", "img/u3.png"]
+        assert "3 still without a label" in out, out  # u2, u3 in the table; n0 in answers.csv
+        assert ("1 rows added" if not data_dir else "0 rows added") in out, out
+
     fresh = tmp_path / "fresh" / "labels.csv"  # no table yet: made with its header
     assert cli(["suggest", "--add", str(tmp_path / "to_label.csv"), "--labels", str(fresh),
                 "--data_dir", str(data)], tmp_path) == 0
     assert fresh.read_text().splitlines()[0] == "image,label"
     assert len(read_table(fresh, data).rows) == 5
+
+
+def test_added_labels_are_split_as_training_splits_their_column(tmp_path):
+    """A multi-label table that separates with ``;``: an answer of ``light blue`` alone is one
+    label the table knows, not two new classes ``light`` and ``blue``."""
+    from project.extras.suggest.labels import add_labels
+
+    table = tmp_path / "labels.csv"
+    table.write_text("image,labels\na.png,light blue;circle\nb.png,square\n")
+    answers = tmp_path / "to_label.csv"
+    answers.write_text(f"image,label,suggested\n{tmp_path / 'c.png'},light blue,square\n")  # suggest's
+    for name in "abc":
+        Image.new("RGB", (8, 8)).save(tmp_path / f"{name}.png")
+    added = add_labels(answers, table)
+    assert added.added == 1 and added.new_classes == []
+    assert {r.image: r.label for r in read_table(table, tmp_path).rows}["c.png"] == ["light blue"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 from pathlib import Path
 
 import torch
@@ -62,6 +63,9 @@ def main(argv: list[str]) -> int:
                            f"{a.max_labeled}")
     if not Path(a.unlabeled).exists():
         raise ProjectError(f"--unlabeled '{a.unlabeled}' does not exist")
+    if not Path(a.unlabeled).is_dir():
+        raise ProjectError(f"--unlabeled '{a.unlabeled}' is a file: --unlabeled takes a folder of images "
+                           "(any layout, subfolders searched)")
     paths = [os.path.abspath(p) for p in list_images(a.unlabeled)]
     if not paths:
         raise ProjectError(f"no image files in --unlabeled '{a.unlabeled}'")
@@ -71,9 +75,15 @@ def main(argv: list[str]) -> int:
     network, ckpt = network_from_checkpoint(a.ckpt_path)
     model = network.model
     check_strategy(a.strategy, model)  # a multi-label or regression model: before any image is read
-    splits = labeled_splits(ckpt, model)
+    data = run_data(ckpt, model)
+    splits = data.splits if data is not None else None
+    table, data_dir = (data.hparams.labels, str(data.data_dir)) if data is not None else (None, None)
+    out = Path(a.out) if a.out else run_folder(ckpt) / "suggest"
+    labeled: set[str] = set()
     if splits is not None:
         labeled = {os.path.realpath(s.path) for part in (splits.train, splits.val, splits.test) for s in part}
+    keep_filled_labels(out / "to_label.csv", labeled, table, data_dir)  # before anything is written
+    if splits is not None:
         left_out = [p for p in paths if os.path.realpath(p) in labeled]
         paths = [p for p in paths if os.path.realpath(p) not in labeled]
         if left_out:
@@ -89,16 +99,50 @@ def main(argv: list[str]) -> int:
         print(f"{len(pool.skipped)} of {len(paths)} files could not be decoded and are not ranked: "
               f"{names}{more}")
     rows = rank_pool(pool, a.strategy, a.n, a.seed)
-    out = Path(a.out) if a.out else run_folder(ckpt) / "suggest"
     from project.extras.suggest.output import write_csv, write_sheet
 
     write_csv(rows, out / "to_label.csv")
     shown = write_sheet(rows, model.preprocessing, out / "to_label.png", a.strategy)
     print(f"{len(rows)} of {len(pool)} images to label next ({a.strategy}, {ckpt}) -> "
           f"{out / 'to_label.csv'}; {shown} on {out / 'to_label.png'}")
-    print(f"Fill the label column, then: python -m project suggest --add {out / 'to_label.csv'} "
-          "--labels LABELS.csv")
+    print(f"Fill the label column, then: {add_command(out / 'to_label.csv', table, data_dir)}")
     return 0
+
+
+def add_command(to_label: Path, table: str | None, data_dir: str | None) -> str:
+    """The ``--add`` command line for ``to_label``: the run's labels table when it has one, with
+    ``--data_dir`` when the run's images are not in the table's folder (its paths are relative to
+    ``data_dir``, and ``--add`` would otherwise read them against the table's folder)."""
+    command = f"python -m project suggest --add {shlex.quote(str(to_label))} --labels "
+    if table is None:
+        return command + "LABELS.csv"
+    command += shlex.quote(str(table))
+    local = data_dir and "://" not in data_dir
+    if local and os.path.realpath(data_dir) != os.path.realpath(Path(table).parent):
+        command += f" --data_dir {shlex.quote(data_dir)}"
+    return command
+
+
+def keep_filled_labels(to_label: Path, labeled: set[str], table: str | None, data_dir: str | None) -> None:
+    """Refuse to overwrite a ``to_label.csv`` whose filled labels are not in the run's data yet
+    (``labeled``: its images, as real paths; or its labels table): a person's typing, lost
+    without a word otherwise."""
+    from project.extras.suggest.labels import labeled_in_table, read_rows
+
+    if not to_label.is_file():
+        return
+    try:
+        _, rows = read_rows(to_label)
+    except ProjectError as err:
+        raise ProjectError(f"{err}; suggest writes a new one there: move or delete it first") from err
+    if table is not None and data_dir and "://" not in data_dir:
+        labeled = labeled | labeled_in_table(table, data_dir)
+    filled = [r for r in rows if r.get("label") and os.path.realpath(r.get("image", "")) not in labeled]
+    if filled:
+        raise ProjectError(f"{to_label} has {len(filled)} filled labels that the run's data does not hold "
+                           "yet, which suggest would overwrite: add them first "
+                           f"({add_command(to_label, table, data_dir)}; adding twice changes nothing), or "
+                           "move or delete the file")
 
 
 def run_folder(ckpt: Path) -> Path:
@@ -106,14 +150,16 @@ def run_folder(ckpt: Path) -> Path:
     return ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
 
 
-def labeled_splits(ckpt: Path, model):
-    """The splits of the checkpoint's data set, or None with a notice when they cannot be read
-    (moved, or on another machine): nothing is then left out, and k-center keeps the suggestions
-    apart from each other only."""
+def run_data(ckpt: Path, model):
+    """The checkpoint's data module with its splits read, or None with a notice when they cannot
+    be read (moved, or on another machine): nothing is then left out, and k-center keeps the
+    suggestions apart from each other only."""
     from project.checkpoints import datamodule_for
 
     try:
-        return datamodule_for(ckpt, model).splits
+        data = datamodule_for(ckpt, model)
+        data.splits  # noqa: B018 (read here: the error below names it)
+        return data
     except (ProjectError, OSError) as err:
         log.info("Notice: the checkpoint's data set cannot be read (%s): images labeled already are not "
                  "left out, and k-center keeps the suggestions apart from each other only",
@@ -143,7 +189,7 @@ def add(a: argparse.Namespace) -> int:
     done = add_labels(a.add, a.labels, a.data_dir)
     filled = f" ({done.filled} of them filled in rows listed without a label)" if done.filled else ""
     print(f"{done.added} rows added to {a.labels}{filled}, {done.skipped} skipped (already there), "
-          f"{done.unlabeled} still without a label")
+          f"{done.unlabeled} still without a label (in either file)")
     if done.new_classes:
         print(f"Notice: {', '.join(done.new_classes)}: neither in the table nor among the model's "
               "suggestions: a new class, which the next training run adds")

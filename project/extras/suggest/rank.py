@@ -17,7 +17,8 @@ from project.errors import ProjectError
 from project.extras.suggest.pool import Pool, embed_pool
 
 Ranking = list[tuple[int, float]]
-CANDIDATES_PER_PICK = 10  # margin-kcenter: k-center among the 10 x n least certain images
+CANDIDATES_PER_PICK = 10  # margin-kcenter: k-center among the 10 x n least certain images ...
+CANDIDATE_SHARE = 0.5  # ... at most the less certain half of the pool, so the margin always narrows
 
 
 def needs_probabilities(fn: Callable[[Pool, int, int], Ranking]) -> Callable[[Pool, int, int], Ranking]:
@@ -75,12 +76,19 @@ def k_center(pool: Pool, n: int, seed: int) -> Ranking:
     return k_center_greedy(pool.embeddings, n, pool.labeled)
 
 
+def candidate_count(pool_size: int, n: int) -> int:
+    """How many of the least certain images margin-kcenter spreads its ``n`` picks over: ``10 x n``,
+    but at most half the pool (else on a small pool every image is a candidate and the margin
+    plays no part) and never fewer than ``n``."""
+    return max(n, min(CANDIDATES_PER_PICK * n, int(pool_size * CANDIDATE_SHARE)))
+
+
 @needs_probabilities
 def margin_kcenter(pool: Pool, n: int, seed: int) -> Ranking:
-    """Uncertain and diverse: k-center among the ``10 x n`` smallest-margin images, so a cluster
-    of near-identical uncertain images gives one pick, not ten (score: the margin)."""
+    """Uncertain and diverse: k-center among the :func:`candidate_count` smallest-margin images,
+    so a cluster of near-identical uncertain images gives one pick, not ten (score: the margin)."""
     m = margins(pool)
-    candidates = [i for i, _ in ascending(m, CANDIDATES_PER_PICK * n)]
+    candidates = [i for i, _ in ascending(m, candidate_count(len(pool), n))]
     picks = k_center_greedy(pool.embeddings[candidates], n, pool.labeled)
     return [(candidates[j], float(m[candidates[j]])) for j, _ in picks]
 
