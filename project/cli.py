@@ -130,6 +130,8 @@ class ProjectCLI(LightningCLI):
 
             check_checkpoint_classes(Path(ckpt), self.datamodule.class_names)
         follow_task(self.model, self.trainer)
+        if self.subcommand == "fit" and not self.tool:
+            notice_missing_checkpoints(self.trainer, self.model.task.monitor)
 
     def before_fit(self) -> None:
         if self.run_dir is not None and self.trainer.is_global_zero:  # after every check passed
@@ -180,6 +182,19 @@ def follow_task(model, trainer) -> None:
             cb.kth_value = torch.tensor(float("inf") if task.mode == "min" else float("-inf"))
     if trainer.is_global_zero:
         log.info("%s", task.describe())
+
+
+def notice_missing_checkpoints(trainer, monitor: str) -> None:
+    """A config whose ``trainer.callbacks:`` replaced train.yaml's list (``callbacks+:`` adds to
+    it) leaves no best checkpoint nor last.ckpt, which evaluate, export and resume look for."""
+    kept = {"best": any(getattr(cb, "monitor", None) for cb in trainer.checkpoint_callbacks),
+            "last.ckpt": any(getattr(cb, "save_last", None) or getattr(cb, "filename", None) == "last"
+                         for cb in trainer.checkpoint_callbacks)}
+    missing = [name for name, there in kept.items() if not there]
+    if trainer.checkpoint_callbacks and missing and trainer.is_global_zero:
+        log.info("Notice: no checkpoint callback writes the %s checkpoint (evaluate, predict and export take "
+                 "the best by %s, resume last.ckpt): trainer.callbacks replaced configs/train.yaml's list; "
+                 "write `callbacks+:` to add to it", " or ".join(missing), monitor)
 
 
 def cpu_has_bfloat16() -> bool:

@@ -40,6 +40,19 @@ def test_model_loss_picks_from_the_tasks_registry_and_a_misspelling_fails_in_one
         ImageClassifier(num_classes=5, weights=None, input=32, loss="focall")
 
 
+def test_an_own_loss_is_called_with_the_task_and_a_wrong_one_is_one_line():
+    logits, y = torch.randn(6, 5), torch.tensor([0, 1, 2, 3, 4, 0])
+    model = ImageClassifier(num_classes=5, weights=None, input=32, loss="tests.own_losses:smoothed")
+    torch.testing.assert_close(model.loss(logits, y), nn.functional.cross_entropy(logits, y))
+    for spec, message in (("plain_signature", r"takes \(logits, target\): a loss is fn\(task, logits"),
+                          ("NOT_A_FUNCTION", "is a int, not a function")):
+        with pytest.raises(ConfigError, match=f"model.loss 'tests.own_losses:{spec}' {message}"):
+            ImageClassifier(num_classes=5, weights=None, input=32, loss=f"tests.own_losses:{spec}")
+    model = ImageClassifier(num_classes=5, weights=None, input=32, loss="tests.own_losses:per_image")
+    with pytest.raises(ConfigError, match=r"returned \(6,\), not one number: reduce it"):
+        model.loss(logits, y)
+
+
 def test_a_misspelt_loss_on_the_command_line_is_one_line_and_no_run(tiny_data, tmp_path, capsys):
     assert cli(["fit", *fit_args(tiny_data, *QUICK, "--model.loss=focall", epochs=1)], tmp_path) == 2
     assert "model.loss 'focall'" in one_error(capsys.readouterr().err)

@@ -121,6 +121,7 @@ def test_every_printed_key_has_a_kind(tmp_path, capsys):
 @pytest.mark.parametrize(("setting", "says"), [
     ("--model.optimizer.init_args.differentiable=true", "model.optimizer: a leaf Variable"),
     ("--model.scheduler.init_args.last_epoch=3", "model.scheduler: "),
+    ("--model.scheduler=torch.optim.lr_scheduler.ReduceLROnPlateau", "ReduceLROnPlateau steps on a metric"),
 ])
 def test_an_optimizer_or_schedule_that_fails_at_its_first_step_is_one_line_before_the_run(
         setting, says, tiny_data, tmp_path, capsys):
@@ -134,3 +135,17 @@ def test_evaluate_on_a_folder_without_checkpoints_says_what_is_missing(tmp_path,
     assert cli(["evaluate", "logs/mine/version_0"], tmp_path) == 2
     line = one_error(capsys.readouterr().err)
     assert "holds no checkpoint" in line and "best-*.ckpt" in line and "resume" not in line
+
+
+def test_a_callback_list_that_replaced_the_checkpoints_is_named_at_the_start(tiny_data, tmp_path, caplog):
+    """``callbacks:`` where ``callbacks+:`` was meant drops train.yaml's checkpoints: the run would
+    end without the best checkpoint and last.ckpt that evaluate, export and resume look for."""
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("trainer:\n  callbacks:\n    - class_path: project.callbacks.summary.RunSummary\n")
+    caplog.set_level("INFO", logger="project")
+    assert cli(["fit", *fit_args(tiny_data, *QUICK, f"--config={mine}", epochs=1)], tmp_path) == 0
+    assert "no checkpoint callback writes the best or last.ckpt checkpoint" in caplog.text
+    assert "write `callbacks+:`" in caplog.text
+    caplog.clear()
+    assert cli(["fit", *fit_args(tiny_data, *QUICK, epochs=1)], tmp_path) == 0
+    assert "no checkpoint callback" not in caplog.text

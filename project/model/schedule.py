@@ -116,7 +116,12 @@ def check_factories(optimizer: Callable, scheduler: Callable | None) -> None:
         opt.step()
         if scheduler is not None:
             key = "model.scheduler"
-            DeferredScheduler(opt, scheduler).build({"total_steps": 100, "steps_per_epoch": 10, "epochs": 10})
+            deferred = DeferredScheduler(opt, scheduler)
+            deferred.build({"total_steps": 100, "steps_per_epoch": 10, "epochs": 10})
+            if isinstance(deferred.inner, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                raise ConfigError("model.scheduler: ReduceLROnPlateau steps on a metric; the schedule here "
+                                  "steps every optimiser step, by the step count alone: choose one of those "
+                                  "(WarmupCosine, OneCycleLR, CosineAnnealingLR, StepLR, ...)")
     except ConfigError:
         raise
     except (ValueError, TypeError, OverflowError, ZeroDivisionError, KeyError, RuntimeError) as err:

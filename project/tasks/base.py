@@ -47,6 +47,10 @@ class Task:
             raise ConfigError(f"model.loss '{self.loss_name}' is not a loss of the {self.name} task; "
                               f"choose from {', '.join(self.losses)} (or null: {self.default_loss}), or "
                               "package.module:function for your own")
+        if self.loss_name not in self.losses:
+            from project.tasks.own_loss import own_loss
+
+            criterion = own_loss(self.loss_name)
         self.criterion = load(criterion, "model.loss") if isinstance(criterion, str) else criterion
 
     def setting(self, key: str, default=None):

@@ -22,7 +22,7 @@ def overview_metrics(num_classes: int) -> dict[str, nn.Module]:
         "acc": MulticlassAccuracy(n, average="micro"),
         "macro_acc": MulticlassAccuracy(n, average="macro"),  # balanced accuracy (mean recall)
         "macro_f1": MulticlassF1Score(n, average="macro"),
-        # e.g. "acc_top3": MulticlassAccuracy(n, top_k=3),
+        # e.g. "acc_top3": MulticlassAccuracy(n, top_k=min(3, n)),  # top_k above n: refused
     }
 
 
