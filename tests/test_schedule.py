@@ -75,6 +75,19 @@ def test_the_run_lengths_go_where_the_scheduler_leaves_them_unset():
     assert opt.param_groups[0]["lr"] == pytest.approx(0.1 / 25)  # OneCycle's start: max_lr / 25
 
 
+def test_a_length_in_epochs_is_said_to_count_steps(caplog):
+    """StepLR's step_size or MultiStepLR's milestones read as epochs; stepped every optimiser step
+    here, they count steps, and the run says so with the epoch's length."""
+    caplog.set_level("INFO", logger="project")
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    for factory, says in ((functools.partial(torch.optim.lr_scheduler.MultiStepLR, milestones=[30, 60]),
+                           "MultiStepLR's milestones=[30, 60] counts optimiser steps here, not epochs "
+                           "(an epoch is 50 steps)"), (WarmupCosine, None)):
+        caplog.clear()
+        DeferredScheduler(opt, factory).build({"total_steps": 500, "steps_per_epoch": 50, "epochs": 10})
+        assert (says in caplog.text) if says else "not epochs" not in caplog.text
+
+
 @pytest.mark.parametrize(("rule", "expected"), [("none", 0.01), ("linear", 0.08), ("sqrt", 0.01 * 8 ** 0.5)])
 def test_lr_scaling_rules(rule, expected):
     batch = global_batch_size(batch_size=32, devices=4, num_nodes=2, accumulate=2)

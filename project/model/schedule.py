@@ -146,6 +146,13 @@ class DeferredScheduler(LRScheduler):
             self.inner.load_state_dict(self.pending)
             for group, values in zip(self.optimizer.param_groups, saved, strict=True):
                 group.update(values)
+        counted = {k: getattr(self.inner, k) for k in ("step_size", "milestones", "T_max", "T_0")
+                   if hasattr(self.inner, k)}
+        if counted and "steps_per_epoch" in lengths:  # a length in epochs elsewhere: in steps here
+            log.info("Notice: %s's %s count%s optimiser steps here, not epochs (an epoch is %d steps)",
+                     type(self.inner).__name__,
+                     ", ".join(f"{k}={sorted(v) if isinstance(v, dict) else v}" for k, v in counted.items()),
+                     "" if len(counted) > 1 else "s", lengths["steps_per_epoch"])
         if getattr(self.inner, "cycle_momentum", False):
             log.info("Notice: %s also cycles the optimizer's momentum (cycle_momentum: false keeps it)",
                      type(self.inner).__name__)
