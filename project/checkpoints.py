@@ -131,13 +131,20 @@ def checkpoint_task(path: str | Path):
 
 
 def check_checkpoint_classes(path: str | Path, class_names: list[str]) -> None:
-    """Fail before any work when a checkpoint was trained on other classes than the data's."""
-    saved = list(read_checkpoint(path, mmap=True).get("hyper_parameters", {}).get("class_names") or [])
+    """Fail before any work when a checkpoint was trained on other classes than the data's. A run
+    trained from a labels table names the table: it, not the folder, holds the classes."""
+    ckpt = read_checkpoint(path, mmap=True)
+    saved = list(ckpt.get("hyper_parameters", {}).get("class_names") or [])
     if saved and saved != list(class_names):
         only_ckpt = [c for c in saved if c not in class_names]
         only_data = [c for c in class_names if c not in saved]
         detail = (f"only in the checkpoint: {only_ckpt or 'none'}; only in the data: {only_data or 'none'}"
                   if only_ckpt or only_data else "same names, other order")
+        table = (ckpt.get("datamodule_hyper_parameters") or {}).get("labels")
+        if table:
+            raise CheckpointError(f"checkpoint '{path}' was trained on different classes than the labels "
+                                  f"table data.labels '{table}' has now ({detail}). Use the table as it was "
+                                  "when trained, or start a new run.")
         raise CheckpointError(f"checkpoint '{path}' was trained on different classes than data.data_dir "
                               f"has ({detail}). Use the data folder it was trained on, or start a new run.")
 

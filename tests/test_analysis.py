@@ -3,8 +3,10 @@ top losses and suspect labels on planted errors, TensorBoard in a real browser."
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
+import io
 import json
 import math
 import shutil
@@ -185,7 +187,11 @@ def evaluated(trained_run, tmp_path_factory) -> Path:
     copy = tmp_path_factory.mktemp("evaluated") / "run"
     shutil.copytree(trained_run, copy)
     assert not calibration_path(best_ckpt(copy)).exists()
-    assert cli(["evaluate", str(copy), "--tta", "hflip", "--trainer.enable_progress_bar=false"], copy) == 0
+    console = io.StringIO()
+    with contextlib.redirect_stdout(console):
+        assert cli(["evaluate", str(copy), "--tta", "hflip", "--target_acc", "0.1",
+                    "--trainer.enable_progress_bar=false"], copy) == 0
+    (copy.parent / "console.txt").write_text(console.getvalue())  # beside the run, not in it
     return best_ckpt(copy).parent
 
 
@@ -203,6 +209,11 @@ def test_evaluate_writes_a_report_that_agrees_with_the_logged_metrics(evaluated)
         assert (evaluated / name).is_file(), name
     curve = report["abstain"]["curve"]
     assert curve[0]["coverage"] == 1.0 and curve[0]["accuracy"] == pytest.approx(report["accuracy"], abs=1e-6)
+    best = report["abstain"]["at_target"]  # the console says the accuracy reached (as report.md), not 0.1
+    console = (evaluated.parent.parent / "console.txt").read_text()
+    assert best is not None and report["abstain"]["target_acc"] == 0.1
+    assert (f"Abstaining: accuracy {best['accuracy']:.4f} (target 0.1) on {best['coverage']:.1%} of the test "
+            f"images with --min_confidence {best['min_confidence']:.4f}") in console
     markdown = (evaluated / "report.md").read_text()
     sections = ["## Summary", "## Per-class results", "## Confusion matrix", "## Most confused pairs",
                 "## Top losses", "## Calibration", "## Abstaining when unsure"]

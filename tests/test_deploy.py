@@ -167,6 +167,21 @@ def test_export_refuses_data_of_other_classes_in_one_line(calibrated, tiny_data,
     assert not out.exists()
 
 
+def test_other_classes_of_a_run_trained_from_a_table_name_the_table(trained_run, tmp_path):
+    """A table that gained a class: the table changed (data.labels), not the data folder."""
+    from project.checkpoints import check_checkpoint_classes
+    from project.errors import CheckpointError
+
+    full = torch.load(best_ckpt(trained_run), weights_only=True)
+    full["datamodule_hyper_parameters"]["labels"] = str(tmp_path / "labels.csv")
+    torch.save(full, tmp_path / "table.ckpt")
+    with pytest.raises(CheckpointError) as err:
+        check_checkpoint_classes(tmp_path / "table.ckpt", [*CLASSES, "star"])
+    said = str(err.value)
+    assert f"data.labels '{tmp_path / 'labels.csv'}'" in said and "only in the data: ['star']" in said
+    assert "data.data_dir" not in said and "data folder" not in said and "\n" not in said
+
+
 @pytest.mark.parametrize(("command", "option", "value", "says"), [
     ("predict", "--top_k", "0", "must be >= 1, got 0"),
     ("predict", "--batch_size", "0", "must be >= 1, got 0"),

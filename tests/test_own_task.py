@@ -23,6 +23,14 @@ def example_files(page: Path) -> dict[str, str]:
     return {m.group(1): block for block in blocks if (m := re.match(r"# (\S+\.py)", block))}
 
 
+def test_the_docs_commands_read_images_the_example_s_layout_has():
+    """A labels table split by the template has no test/ folder: predict and infer.py read data.data_dir."""
+    commands = re.search(r"```bash\n(.*?)```", PAGE.read_text(), re.S).group(1)
+    data_dir = re.search(r"--data\.data_dir=(\S+)", commands).group(1)
+    inputs = re.findall(r"--input (\S+)", commands) + re.findall(r"infer \S+\.onnx (\S+)", commands)
+    assert len(inputs) == 2 and set(inputs) == {data_dir}, inputs
+
+
 @pytest.fixture(scope="module")
 def own_task(tiny_data, tmp_path_factory):
     """The example package on sys.path, a ``rating`` table over tiny_data, and one trained run."""
@@ -65,6 +73,7 @@ def test_the_docs_own_task_trains_with_its_own_loss_and_labels(own_task):
     assert read_checkpoint(ckpt)["hyper_parameters"]["task"] == TASK
     model = load_model(ckpt)
     assert model.task.name == "ordinal" and model.task.loss_name == "ordinal"
+    assert model.task.describe().startswith("Task: ordinal (5 classes")  # the run's first line
     assert model.class_names == ["1", "2", "3", "4", "5"]
 
 
@@ -93,3 +102,17 @@ def test_the_docs_own_task_evaluates_predicts_exports_infers_and_serves(own_task
     request = {"raw": base64.b64encode(Path(predicted[0]["path"]).read_bytes()).decode()}
     served = api.encode_response(api.predict(api.decode_request(request)))["predictions"][0]
     assert "expected" in served and served["top1"] == predicted[0]["top1"]
+
+
+def test_a_table_without_the_own_task_s_column_keeps_the_task_in_its_advice(own_task, tmp_path):
+    """data.task=auto would drop the own task: the fix named is the column it reads."""
+    from project.data.folders import DataFolderError
+    from project.data.tables import choose_task
+
+    cells = {"image": ["a.png"], "grade": ["3"]}
+    with pytest.raises(DataFolderError) as err:
+        choose_task(tmp_path / "labels.csv", ["image", "grade"], cells, TASK)
+    said = str(err.value)
+    assert "reads image and rating (a grade)" in said and "rename" in said and "data.task=auto" not in said
+    with pytest.raises(DataFolderError, match="set data.task=auto"):  # a built-in task: auto is a fix
+        choose_task(tmp_path / "labels.csv", ["image", "grade"], cells, "multiclass")

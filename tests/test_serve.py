@@ -139,6 +139,19 @@ def test_info_names_the_model_and_its_hash(served, trained_run):
     assert info["preprocessing"]["image_size"] == 32
 
 
+def test_info_reports_the_min_confidence_in_force(trained_run, tmp_path):
+    """--min_confidence overrides the checkpoint's stored policy in the answers: /info says so too."""
+    import torch
+
+    from project.extras.deploy.serve import model_info
+
+    full = torch.load(best_ckpt(trained_run), weights_only=True)
+    full["hyper_parameters"]["min_confidence"] = 0.9
+    torch.save(full, tmp_path / "strict.ckpt")
+    assert model_info(tmp_path / "strict.ckpt", None)["answers"]["min_confidence"] == 0.9
+    assert model_info(tmp_path / "strict.ckpt", None, "0.1")["answers"]["min_confidence"] == "0.1"
+
+
 def test_an_onnx_file_is_served_as_infer_py_answers(trained_run, tiny_data, start_server, tmp_path):
     from project.extras.deploy.export import export_checkpoint
     from project.extras.deploy.infer import OnnxClassifier, classify

@@ -66,8 +66,12 @@ def choose_task(path: Path, columns: list[str], cells: dict[str, list[str]], tas
         reader = labels_of(tasks.task_class(task))
         found = reader.accept(columns, cells)
         if found is None:
-            raise DataFolderError(f"data.task={task}, but {path} has columns {', '.join(columns)}: "
-                                  f"{reader.format or 'not a table this task reads'}; set data.task=auto")
+            if task in tasks.TASKS:
+                fix = f"{reader.format or 'not a table this task reads'}; set data.task=auto"
+            else:  # an own task: data.task=auto would drop it; the table is what to change
+                wants = reader.format or f"the columns {reader.__name__}.accept takes"
+                fix = f"the task reads image and {wants}; rename the table's column to the one it reads"
+            raise DataFolderError(f"data.task={task}, but {path} has columns {', '.join(columns)}: {fix}")
         return task, looked(reader(found, path), cells)
     claims = [(name, reader, reader.claim(columns, cells)) for name, reader in zip(
         tasks.TASKS, map(labels_of, registered_tasks()), strict=True)]

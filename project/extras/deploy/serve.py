@@ -231,8 +231,9 @@ def grad_cam_png(model, image, class_index: int, device: str) -> str | None:
     return base64.b64encode(buffer.getvalue()).decode()
 
 
-def model_info(ckpt: Path | None, onnx: Path | None) -> dict:
-    """What ``GET /info`` says of the model: its classes, preprocessing, file, hash, temperature."""
+def model_info(ckpt: Path | None, onnx: Path | None, min_confidence: str | None = None) -> dict:
+    """What ``GET /info`` says of the model: its classes, preprocessing, file, hash, temperature,
+    and the answer policy in force: ``--min_confidence`` over the one the model stores."""
     path = onnx or ckpt
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if onnx is not None:
@@ -245,6 +246,8 @@ def model_info(ckpt: Path | None, onnx: Path | None) -> dict:
 
         model = load_model(ckpt)
         names, pre, state = model.class_names, model.preprocessing, model.answer_state()
+    if min_confidence is not None:  # the answers use the override: /info must not show the stored one
+        state = {**state, "min_confidence": min_confidence}
     return {"classes": names, "task": state.get("task"), "file": str(path), "sha256": digest,
             "cam": onnx is None and answers.answers(names, state).explained(np.zeros(len(names))) is not None,
             "temperature": state.get("temperature", 1.0), "answers": state,
@@ -327,7 +330,7 @@ def main(argv: list[str]) -> int:
     else:
         ckpt = None
     try:
-        info = model_info(ckpt, onnx)  # fails in one line before the server starts
+        info = model_info(ckpt, onnx, a.min_confidence)  # fails in one line before the server starts
     except ValueError as err:  # not an ONNX model, or its metadata is not this project's
         raise ProjectError(str(err)) from None
     answers.answers(info["classes"], info["answers"]).policy(a.min_confidence)  # so does a bad policy

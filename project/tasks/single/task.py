@@ -57,7 +57,8 @@ class SingleLabel(Task):
         return summary_metrics(len(self.names))
 
     def describe(self) -> str:
-        return (f"Task: multiclass ({len(self.names)} classes, one per image): softmax, "
+        """The task's own name: a subclass (an own task) is not ``multiclass``."""
+        return (f"Task: {self.name} ({len(self.names)} classes, one per image): softmax, "
                 f"{self.loss_name.replace('_', '-')} loss, best checkpoint by {self.monitor}")
 
     def outputs(self, logits: torch.Tensor, temperature: torch.Tensor | float = 1.0) -> torch.Tensor:
