@@ -201,7 +201,7 @@ KNOWN_GAPS: dict[str, str] = {}  # none left: each found one is fixed, or refuse
 @pytest.fixture(scope="module")
 def where(tiny_data, tmp_path_factory) -> dict[str, str]:
     """The paths the settings name: the tiny data as one folder, a labels table, a copy with an
-    undecodable image (the validation split's last: not in its first batch), a weights file, extra
+    undecodable image (the validation split's last: not in the fixed evaluation batch), a weights file, extra
     and unlabeled images."""
     out = tmp_path_factory.mktemp("reach")
     images = [p for split in ("train", "val") for p in sorted((tiny_data / split).rglob("*.png"))]
@@ -216,7 +216,7 @@ def where(tiny_data, tmp_path_factory) -> dict[str, str]:
     torch.save(tiny_net().state_dict(), out / "tiny.pth")
     return {"tiny": str(tiny_data), "flat": str(tiny_data / "train"), "table": str(out / "labels.csv"),
             "bad": str(bad), "weights": str(out / "tiny.pth"), "extra": str(tiny_data / "test"),
-            "unlabeled": str(tiny_data / "test")}
+            "unlabeled": str(shutil.copytree(tiny_data / "test", out / "unlabeled"))}  # not the data's own
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -310,9 +310,11 @@ def loader_settings(loader) -> tuple:
             loader.generator.initial_seed() if loader.generator is not None else None)
 
 
-def first_batch(loader):
-    """The loader's first batch, drawn in this process (no workers started)."""
-    keys = list(itertools.islice(iter(loader.sampler), loader.batch_size))
+def first_batch(loader, in_order: bool = False):
+    """The loader's first batch, drawn in this process (no workers started); ``in_order``: the
+    dataset's first items instead of the sampler's."""
+    keys = range(min(loader.batch_size, len(loader.dataset))) if in_order else \
+        list(itertools.islice(iter(loader.sampler), loader.batch_size))
     return loader.collate_fn([loader.dataset[k] for k in keys])
 
 
@@ -357,7 +359,7 @@ def fingerprint(settings: dict, where: dict[str, str], trainer: Trainer) -> dict
         tuple(sorted((k, repr(v)) for k, v in g.items() if k != "params")) for g in opt.param_groups))
     # -- the evaluation of a fixed batch with the weights as built
     model.eval()
-    x, y = first_batch(vals[0])
+    x, y = first_batch(vals[0], in_order=True)
     with torch.no_grad():
         logits = model(x)
         fp["eval"] = (digest(logits), model.loss(logits, y).item())
