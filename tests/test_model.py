@@ -75,6 +75,15 @@ def test_offline_the_run_warns_and_records_pretrained_false(monkeypatch, caplog,
     assert logger.experiment.hparams["pretrained"] is False
 
 
+def test_a_corrupt_cached_file_is_named_as_such_not_as_missing(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    cached = tmp_path / "hub" / "checkpoints" / "resnet18-f37072fd.pth"
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"cut short")
+    model = ImageClassifier(num_classes=5, weights="DEFAULT", input=32)
+    assert not model.pretrained and model.weights_note.endswith(f"{cached} does not load: replace it")
+
+
 def test_a_file_or_a_template_checkpoint_works_as_weights(trained_run, tmp_path):
     reference = torchvision.models.resnet18()
     torch.save(reference.state_dict(), tmp_path / "mine.pth")
@@ -89,6 +98,30 @@ def test_a_file_or_a_template_checkpoint_works_as_weights(trained_run, tmp_path)
         ImageClassifier(num_classes=4, weights=str(tmp_path / "missing.pth"))
     with pytest.raises(backbones.WeightsError, match=r"does not fit efficientnet_b0: \d+ of its layers"):
         ImageClassifier(num_classes=3, backbone="efficientnet_b0", weights=str(tmp_path / "mine.pth"))
+
+
+def test_weights_files_as_scripts_write_them_load_and_a_bigger_networks_file_does_not(tmp_path):
+    """A file wrapped as training scripts save it ({"model": ...}, timm's EMA) loads; resnet34's
+    file holds every resnet18 tensor by name and more: loaded, it made a resnet18 with resnet34's
+    first blocks, called pretrained. A truncated .safetensors (or torch.save's file under that
+    name) is one line."""
+    from safetensors.torch import save_file
+
+    reference = torchvision.models.resnet18()
+    for key in ("model", "state_dict_ema"):
+        torch.save({key: reference.state_dict(), "epoch": 3}, tmp_path / f"{key}.pth")
+        model = ImageClassifier(num_classes=4, weights=str(tmp_path / f"{key}.pth"), input=32)
+        assert torch.equal(model.net.conv1.weight, reference.conv1.weight), key
+    torch.save(torchvision.models.resnet34().state_dict(), tmp_path / "r34.pth")
+    with pytest.raises(backbones.WeightsError, match=r"does not fit resnet18: it has layers resnet18 lacks "
+                                                     r"\(layer1\.2\..*deeper or wider"):
+        ImageClassifier(num_classes=4, weights=str(tmp_path / "r34.pth"), input=32)
+    save_file(reference.state_dict(), tmp_path / "r18.safetensors")
+    (tmp_path / "cut.safetensors").write_bytes((tmp_path / "r18.safetensors").read_bytes()[:5000])
+    torch.save(reference.state_dict(), tmp_path / "pickled.safetensors")
+    for name in ("cut", "pickled"):
+        with pytest.raises(backbones.WeightsError, match="is not a readable state dict .*not a safetensors"):
+            ImageClassifier(num_classes=4, weights=str(tmp_path / f"{name}.safetensors"), input=32)
 
 
 @pytest.mark.parametrize(("name", "size", "head"), [

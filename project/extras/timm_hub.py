@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+import pickle
 import socket
 import sys
 from pathlib import Path
@@ -31,7 +32,7 @@ HUB_FILES = ("model.safetensors", "pytorch_model.bin")  # what timm looks for, i
 PROBE_TIMEOUT_S = 3.0
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
 # what loading weights raises for a corrupt or foreign file, or no network: warned about, not fatal
-LOAD_ERRORS = (OSError, RuntimeError, ValueError, KeyError, SafetensorError)
+LOAD_ERRORS = (OSError, RuntimeError, ValueError, KeyError, EOFError, pickle.UnpicklingError, SafetensorError)
 
 
 def _timm():
@@ -169,7 +170,8 @@ def build(name: str, weights: str | None, num_classes: int, image_size: int | No
         how = f"download {cfg.url} on a machine with network access, or set TORCH_HOME"
     warn_no_weights(f"timm/{full}", reason, expected, how)
     net = create(full, num_classes, image_size)
-    return Backbone(net, head_name(net), False, f"NO pretrained weights: {expected} not found")
+    state = "does not load: replace it" if expected.is_file() else "not found"
+    return Backbone(net, head_name(net), False, f"NO pretrained weights: {expected} {state}")
 
 
 def _pretrained(full: str, cfg, num_classes: int, image_size: int | None, **kwargs) -> nn.Module:

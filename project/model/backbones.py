@@ -1,6 +1,7 @@
 """The network (torchvision, ``timm/<name>`` or ``package.module:Factory``), its weights and a new
 head; offline, a run goes on from random weights but says so loudly, naming the file to fetch."""
 
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -116,10 +117,12 @@ def load_torchvision(name: str, weights: str | None) -> tuple[nn.Module, bool, s
     source = f"the torch hub cache ({cached})" if cached.is_file() else "a download"
     try:
         net = torchvision.models.get_model(name, weights=spec)
-    except (OSError, RuntimeError, ValueError) as err:  # offline, proxy, corrupt cache: loud, not fatal
+    except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as err:  # offline, proxy,
+        # a corrupt cache: loud, not fatal
         warn_no_weights(f"{name} ({spec})", f"{type(err).__name__}: {err}", cached,
                         "copy it from a machine with network access, or set TORCH_HOME")
-        note = f"NO pretrained weights: {cached} not found"
+        state = "does not load: replace it" if cached.is_file() else "not found"
+        note = f"NO pretrained weights: {cached} {state}"
         return torchvision.models.get_model(name, weights=None), False, note
     return net, True, f"pretrained {spec} from {source}"
 

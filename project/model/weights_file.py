@@ -23,6 +23,7 @@ from project.model.sources import WeightsError
 
 log = logging.getLogger(__name__)
 COUNTER = "num_batches_tracked"  # a BatchNorm buffer one side may lack: matched by its layer
+WRAPPERS = ("state_dict", "model", "state_dict_ema", "model_ema")  # where files keep their tensors
 
 
 def read_state_dict(path: Path) -> dict:
@@ -31,17 +32,26 @@ def read_state_dict(path: Path) -> dict:
         raise WeightsError(f"model.weights file '{path}' does not exist")
     try:
         if path.suffix == ".safetensors":
+            from safetensors import SafetensorError
             from safetensors.torch import load_file as load_safetensors
 
-            state = load_safetensors(str(path), device="cpu")
+            try:
+                state = load_safetensors(str(path), device="cpu")
+            except SafetensorError as err:  # truncated, or torch.save's pickle under this name
+                raise OSError(f"not a safetensors file: {err}; torch.save writes .pth") from err
         else:
             state = torch.load(path, map_location="cpu", weights_only=True)
     except (OSError, RuntimeError, ValueError, EOFError, KeyError, IndexError, pickle.UnpicklingError,
             zipfile.BadZipFile) as err:  # a text file unpickles as a KeyError deep in torch
         raise WeightsError(f"model.weights file '{path}' is not a readable state dict "
-                           f"({type(err).__name__}): give a .pth/.pt/.safetensors file of tensors") from err
-    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
-        state = state["state_dict"]  # a Lightning checkpoint (this template's: keys net.*)
+                           f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}): give a "
+                           ".pth/.pt/.safetensors file of tensors") from err
+    # a Lightning checkpoint (this template's: keys net.*), a training script's {"model": ...},
+    # or only an EMA of the weights (timm's)
+    for key in WRAPPERS:
+        if isinstance(state, dict) and isinstance(state.get(key), dict):
+            state = state[key]
+            break
     if not isinstance(state, dict):
         raise WeightsError(f"model.weights file '{path}' holds a {type(state).__name__}, not a state dict")
     return state
@@ -114,6 +124,13 @@ def load_matching(net: nn.Module, state: dict, name: str, path: Path, head: str)
     missing = sorted(k for k in own if k not in fits and not k.startswith(f"{head}.")
                      and not (k.endswith(COUNTER) and k.removesuffix(COUNTER) + "running_mean" in fits))
     how = f"by name without the prefix {'+'.join(stripped)}" if stripped else "by name"
+    body = {k.split(".", 1)[0] for k in own} - {head.split(".", 1)[0]}
+    extra = [k for k in dropped if k not in own and k.split(".", 1)[0] in body and not k.endswith(COUNTER)]
+    if fits and not missing and extra:  # layers within the model's own blocks: a bigger network's
+        raise WeightsError(f"model.weights file '{path}' does not fit {name}: it has layers {name} lacks "
+                           f"({', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''}), as a deeper or "
+                           f"wider network's would. Use a state dict or checkpoint of a {name}, or set "
+                           "model.backbone to the file's model.")
     if missing or not fits:
         try:
             fits, dropped, first = by_order(state, own, head)
