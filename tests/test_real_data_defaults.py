@@ -31,6 +31,10 @@ def test_the_input_size_defaults_to_the_weights_own():
     assert resolve_preprocessing("efficientnet_b3", "DEFAULT", Input()).image_size == 300  # its own, not 224
     assert resolve_preprocessing("resnet18", None, Input()).image_size == 224  # random weights: ImageNet's
     assert resolve_preprocessing("efficientnet_b3", "DEFAULT", Input(size=64)).image_size == 64  # given wins
+    # the file the offline warning names, given as a path, is what the hub's folder holds: its input
+    hub_file = resolve_preprocessing("efficientnet_b3", "/x/efficientnet_b3_rwightman-b3899882.pth", Input())
+    assert (hub_file.image_size, hub_file.interpolation) == (300, "bicubic")
+    assert resolve_preprocessing("efficientnet_b3", "/x/mine.pth", Input()).image_size == 224  # another file
 
 
 def test_the_demo_keeps_its_48_px_and_name_in_its_own_config():

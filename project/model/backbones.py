@@ -168,13 +168,16 @@ def resolve_preprocessing(backbone: str, weights: str | None, given: Input | dic
         from project.extras import timm_hub
 
         base.update(timm_hub.preprocessing(backbone, str(weights)) or {})
-    elif not is_file(str(weights)):
+    else:
         try:
-            t = torchvision.models.get_model_weights(backbone)[weights].transforms()
+            enum = torchvision.models.get_model_weights(backbone)
+            if is_file(str(weights)):  # the hub's own file, put in place by hand: its weights' input
+                weights = next(w.name for w in enum if Path(w.url).name == Path(str(weights)).name)
+            t = enum[weights].transforms()
             base.update(size=t.crop_size[0], crop_ratio=t.crop_size[0] / t.resize_size[0],
                         interpolation=t.interpolation.value, mean=t.mean, std=t.std)
-        except (KeyError, ValueError):
-            pass  # an unknown name fails with its own message when the model is built
+        except (KeyError, ValueError, StopIteration):
+            pass  # an unknown name fails in its own words when the model is built; other files: ImageNet's
     values = {k: base[k] if getattr(given, k) is None else getattr(given, k) for k in base}
     return Preprocessing(values["size"], float(values["crop_ratio"]), str(values["interpolation"]),
                          tuple(float(m) for m in values["mean"]), tuple(float(s) for s in values["std"]))
