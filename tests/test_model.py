@@ -96,6 +96,8 @@ def test_a_file_or_a_template_checkpoint_works_as_weights(trained_run, tmp_path)
     assert "dropped fc.bias, fc.weight" in model.weights_note
     with pytest.raises(backbones.WeightsError, match="does not exist"):
         ImageClassifier(num_classes=4, weights=str(tmp_path / "missing.pth"))
+    with pytest.raises(backbones.WeightsError, match="is a folder: name the file in it"):
+        ImageClassifier(num_classes=4, weights=str(tmp_path))
     with pytest.raises(backbones.WeightsError, match=r"does not fit efficientnet_b0: \d+ of its layers"):
         ImageClassifier(num_classes=3, backbone="efficientnet_b0", weights=str(tmp_path / "mine.pth"))
 

@@ -29,7 +29,8 @@ WRAPPERS = ("state_dict", "model", "state_dict_ema", "model_ema")  # where files
 def read_state_dict(path: Path) -> dict:
     """The tensors of ``.safetensors``, a torch state dict or a Lightning checkpoint."""
     if not path.is_file():
-        raise WeightsError(f"model.weights file '{path}' does not exist")
+        what = "is a folder: name the file in it" if path.is_dir() else "does not exist"
+        raise WeightsError(f"model.weights file '{path}' {what}")
     try:
         if path.suffix == ".safetensors":
             from safetensors import SafetensorError
