@@ -240,9 +240,13 @@ def test_blank_split_cells_in_a_split_column_are_a_notice(multilabel_data, tmp_p
     assert "2 rows of" in caplog.text and "have no split (the first on line 8)" in caplog.text
 
 
-def test_a_columns_separator_is_decided_once_so_names_keep_their_spaces(multilabel_data, tmp_path, capsys):
-    """A ';' anywhere in the column separates every cell by ';': 'light blue' alone is one label."""
+def test_a_columns_separator_is_decided_once_so_names_keep_their_spaces(multilabel_data, tmp_path, capsys,
+                                                                         caplog):
+    """A ';' anywhere in the column separates every cell by ';': 'light blue' alone is one label,
+    and a notice names such cells (a table mixing 'cat dog' and 'cat;bird' meant two there)."""
     from project.data.tables import read_table
+
+    caplog.set_level("INFO", logger="project")
 
     table = tmp_path / "labels.csv"
     cells = ["light blue;circle", "light blue", "dots", "circle;dots", "dark red", "light blue"]
@@ -253,6 +257,8 @@ def test_a_columns_separator_is_decided_once_so_names_keep_their_spaces(multilab
     read = read_table(table, multilabel_data)
     assert read.problems == [] and read.task == "multilabel"
     assert [r.label for r in read.rows][1] == ["light blue"]
+    assert "3 cells of column labels without ';' hold spaces (e.g. 'light blue'), each read as one label" \
+        in caplog.text and "write 'light;blue' where they are several" in caplog.text
     assert discover_table(table, multilabel_data).classes == ["circle", "dark red", "dots", "light blue"]
     assert cli(["check-data", str(multilabel_data), "--labels", str(table)], tmp_path) == 0
     assert "light blue" not in capsys.readouterr().out  # no unknown or split label named

@@ -91,29 +91,28 @@ def test_a_column_that_cannot_train_is_one_line_naming_it(shape_colour_data, tmp
     assert not (tmp_path / "logs").exists()
 
 
-@pytest.mark.parametrize(("header", "says"), [
-    ("image,confidence,path", ["column 'confidence' would overwrite the field 'confidence'",
-                               "column 'path' would overwrite the field 'path'"]),
-    ("image,shape_prob,shape", ["column 'shape' would overwrite the field 'shape_prob'"]),
-])
-def test_a_column_named_like_an_answer_field_is_refused_when_read(shape_colour_data, tmp_path, header, says):
-    """predict, infer.py and serve write each column's class under its name: a column 'path'
-    would overwrite the image's path in every answer."""
+def test_a_column_named_like_an_answer_field_answers_beside_it(shape_colour_data, tmp_path):
+    """predict, infer.py and serve write each column's class under its name: a column 'path' or
+    'confidence' (a regression's 'error') answers under '<column>_class' ('<column>_value'), so
+    neither the image's path nor the column is lost, and a run trained on such a table still reads
+    it. Two columns that would share a field ('shape' and 'shape_prob') are refused when read."""
     from project.data.tables import read_table
+    from project.tasks.multioutput.answers import ClassPerColumn
+    from project.tasks.regression.answers import Values
 
+    names = ["confidence=high", "confidence=low", "path=left", "path=right"]
+    row = ClassPerColumn(names, {}).rows_from_scores(["a.png"], [[0.9, 0.1, 0.2, 0.8]], 1, "0.5")[0]
+    assert (row["path"], row["path_class"], row["confidence_class"]) == ("a.png", "right", "high")
+    assert row["predicted"] == "high;right" and row["confidence"] == "0.800000" and not row["unsure"]
+    row = Values(["error", "count"], {}).rows_from_scores(["b.png"], [[1.5, 2.0]])[0]
+    assert (row["path"], row["error"], row["error_value"]) == ("b.png", "", "1.500000")
     table = tmp_path / "fields.csv"
-    table.write_text(header + "\n" + "".join(
+    table.write_text("image,shape_prob,shape\n" + "".join(
         r + "\n" for r in (shape_colour_data / "labels.csv").read_text().splitlines()[1:]))
     problems = read_table(table, shape_colour_data).problems
-    assert len(problems) == len(says) and all(p.startswith(f"{table} line 1: ") for p in problems)
-    assert all(said in p and "rename the column" in p for said, p in zip(says, problems, strict=True))
-    assert "(path, predicted, confidence, error, unsure, cam and each column's <column>_prob" in problems[0]
-    numbers = tmp_path / "numbers.csv"  # a regression's value columns are its answers' fields too
-    numbers.write_text("image,error,count\n" + "".join(f"img/{k:03d}.png,{k % 3},{k % 5}\n"
-                                                        for k in range(20)))
-    problems = read_table(numbers, shape_colour_data).problems
-    assert problems == [f"{numbers} line 1: column 'error' would overwrite the field 'error' of predict's "
-                        "answers (path, predicted, error are taken); rename the column (e.g. 'error_value')"]
+    assert problems == [f"{table} line 1: column 'shape' would overwrite the field 'shape_prob' of another "
+                        "column in predict's answers (each column answers in it and its <column>_prob); "
+                        "rename the column (e.g. 'shape_class')"]
 
 
 def test_a_word_column_beside_label_is_a_notice_naming_the_fix(shape_colour_data, tmp_path, caplog):

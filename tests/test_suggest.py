@@ -325,3 +325,9 @@ def test_added_labels_are_split_as_training_splits_their_column(tmp_path):
     added = add_labels(answers, table)
     assert added.added == 1 and added.new_classes == []
     assert {r.image: r.label for r in read_table(table, tmp_path).rows}["c.png"] == ["light blue"]
+    spaced = tmp_path / "spaced.csv"  # separated by spaces: an answer's ';' is written as a space
+    spaced.write_text("image,labels\na.png,cat dog\nb.png,dog bird\n")
+    answers.write_text(f"image,label,suggested\n{tmp_path / 'c.png'},cat;bird,cat\n")
+    assert add_labels(answers, spaced).new_classes == []
+    read = [r.label for r in read_table(spaced, tmp_path).rows]
+    assert read == [["cat", "dog"], ["dog", "bird"], ["cat", "bird"]]

@@ -117,8 +117,8 @@ def add_labels(to_label: str | Path, labels: str | Path, data_dir: str | Path | 
     answers = [r["image"] for r in rows if r.get("label") and r.get("image")]
     root = Path(data_dir) if data_dir is not None else table_root(labels, existing, answers)
     where_of = {same_file(r["image"], root): r for r in existing if r.get("image")}
-    several = label_col == "labels"  # one rule for the whole column, the table's and the answers'
-    sep = label_separator([r.get(label_col) or "" for r in existing] + [r.get("label") or "" for r in rows])
+    several = label_col == "labels"  # the table's rule for its column (training reads it so)
+    sep = label_separator([r.get(label_col) or "" for r in existing] or [r.get("label") or "" for r in rows])
     known = {n for r in existing for n in split_labels(r.get(label_col) or "", several, sep)}
     known |= {r.get("suggested", "") for r in rows}
     result, appended, unanswered = Added(), [], []
@@ -132,13 +132,19 @@ def add_labels(to_label: str | Path, labels: str | Path, data_dir: str | Path | 
         if listed is not None and listed.get(label_col):
             result.skipped += 1
             continue
-        names = split_labels(r["label"], several, sep)
+        # an answer's own ';' splits it; written with the table's separator, so no row's meaning moves
+        names = split_labels(r["label"], several, ";" if ";" in r["label"] else sep)
+        if several and sep == " " and any(" " in n for n in names):
+            raise ProjectError(f"--add '{to_label}': the answer '{r['label']}' for {r['image']} holds a "
+                               f"label with a space, and '{labels}' separates its labels by spaces: write "
+                               "it without the space, or separate the table's labels with ';'")
+        label = (";" if sep == ";" else " ").join(names) if several else r["label"]
         result.new_classes += [n for n in names if n not in known and n not in result.new_classes]
         if listed is not None:  # a row without a label (an unlabeled image of the table): filled in
-            listed[label_col] = r["label"]
+            listed[label_col] = label
             result.filled += 1
         else:
-            where_of[where] = {c: "" for c in header} | {"image": image, label_col: r["label"]}
+            where_of[where] = {c: "" for c in header} | {"image": image, label_col: label}
             appended.append(where_of[where])
         result.added += 1
     result.unlabeled = len({w for w in unanswered if not where_of.get(w, {}).get(label_col)}

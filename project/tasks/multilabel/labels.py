@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from project.data.samples import Sample
 from project.data.splits import iterative_split, split_off
 from project.tasks.labels import (
@@ -15,6 +17,8 @@ from project.tasks.labels import (
     split_labels,
     unknown_in_evaluation,
 )
+
+log = logging.getLogger("project")
 
 
 class SeveralClasses(Labels):
@@ -36,7 +40,13 @@ class SeveralClasses(Labels):
     separator = ";"  # the labels column's (``look``)
 
     def look(self, cells: dict[str, list[str]]) -> None:
-        self.separator = label_separator(cells.get(self.columns[0], []))
+        column = cells.get(self.columns[0], [])
+        self.separator = label_separator(column)
+        spaced = [c.strip() for c in column if self.separator == ";" and ";" not in c and " " in c.strip()]
+        if spaced and self.columns[0] == "labels":  # 'cat dog' where other cells write 'cat;bird'
+            log.warning("Notice: %s: %d cells of column labels without ';' hold spaces (e.g. '%s'), each "
+                        "read as one label, as ';' separates this column's labels: write '%s' where they "
+                        "are several", self.path, len(spaced), spaced[0], ";".join(spaced[0].split()))
 
     @property
     def indicators(self) -> bool:

@@ -3,6 +3,8 @@ column, its probability, and ``unsure`` when any column's is below its class's m
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from project.common.predictions import softmax
@@ -25,8 +27,9 @@ class ClassPerColumn(Answers):
 
     @staticmethod
     def fields(column: str) -> tuple[str, str]:
-        """A column's fields in a row: its class, and that class's probability."""
-        return column, f"{column}_prob"
+        """A column's fields in a row: its class, and that class's probability. A column named as a
+        row's own field (path, confidence, ...) answers under ``<column>_class``: neither is lost."""
+        return f"{column}_class" if column in own_fields() else column, f"{column}_prob"
 
     def row(self, path: str, scores: np.ndarray, k: int) -> dict:
         row = {"path": path, "predicted": "", "confidence": ""}
@@ -48,7 +51,7 @@ class ClassPerColumn(Answers):
             return rows
         index = {name: i for i, name in enumerate(self.names)}
         for r in rows:  # unsure when any column's class is below its own minimum
-            r["unsure"] = any(float(r[self.fields(c)[1]]) < floors[index[f"{c}={r[c]}"]]
+            r["unsure"] = any(float(r[self.fields(c)[1]]) < floors[index[f"{c}={r[self.fields(c)[0]]}"]]
                               for c, _, _ in self.columns)
             if r["unsure"]:
                 r["predicted"] = "unsure"
@@ -58,15 +61,17 @@ class ClassPerColumn(Answers):
         return int(np.argmax(scores[self.columns[0][2]]))  # the first column's class
 
 
-def own_fields() -> list[str]:
+@functools.cache
+def own_fields() -> tuple[str, ...]:
     """The fields of every row besides the columns', read off a row without columns (path,
     predicted, ...), and ``cam``: serve's heat map, added to a row after the answers."""
-    return [*ClassPerColumn([], {}).rows_from_scores(["x"], np.zeros((1, 0)), 1, "0")[0], "cam"]
+    return (*ClassPerColumn([], {}).rows_from_scores(["x"], np.zeros((1, 0)), 1, "0")[0], "cam")
 
 
 def clashes(columns: list[str]) -> list[tuple[str, str]]:
     """(column, field) for each column whose fields in predict's, infer.py's and serve's rows
-    (:meth:`ClassPerColumn.fields`) another would overwrite: a row's own, or an earlier column's."""
+    (:meth:`ClassPerColumn.fields`) another would overwrite: an earlier column's (``shape_prob``
+    beside ``shape``)."""
     taken, found = set(own_fields()), []
     for column in columns:
         fields = ClassPerColumn.fields(column)

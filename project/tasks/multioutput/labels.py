@@ -9,7 +9,7 @@ from project.data.samples import Sample
 from project.data.splits import iterative_split, split_off
 from project.tasks.labels import Labels, Row, mostly_numbers, unknown_in_evaluation
 from project.tasks.multioutput import SEP
-from project.tasks.multioutput.answers import ClassPerColumn, clashes, own_fields
+from project.tasks.multioutput.answers import ClassPerColumn, clashes
 
 
 class ClassColumns(Labels):
@@ -37,9 +37,9 @@ class ClassColumns(Labels):
     def check(self, rows: list[Row]) -> list[str]:
         problems = [f"{self.path} line 1: column name '{c}' holds '{SEP}'; rename the column"
                     for c in self.columns if SEP in c]
-        taken = f"{', '.join(own_fields())} and each column's {ClassPerColumn.fields('<column>')[1]}"
-        problems += [f"{self.path} line 1: column '{c}' would overwrite the field '{f}' of predict's "
-                     f"answers ({taken} are taken); rename the column (e.g. '{c}_class')"
+        problems += [f"{self.path} line 1: column '{c}' would overwrite the field '{f}' of another column "
+                     f"in predict's answers (each column answers in it and its "
+                     f"{ClassPerColumn.fields('<column>')[1]}); rename the column (e.g. '{c}_class')"
                      for c, f in clashes(self.columns)]
         problems += unknown_in_evaluation(self, rows, self.qualified)
         train = [r.label for r in rows if r.split in (None, "train")]

@@ -3,6 +3,8 @@ targets' units (the scaling is kept in the checkpoint and the ONNX metadata)."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from project.errors import ConfigError
@@ -20,7 +22,7 @@ class Values(Answers):
         return np.asarray(logits, np.float64) * self.std + self.mean
 
     def row(self, path: str, scores: np.ndarray, k: int) -> dict:
-        values = {name: f"{v:.6f}" for name, v in zip(self.names, scores, strict=True)}
+        values = {field(name): f"{v:.6f}" for name, v in zip(self.names, scores, strict=True)}
         return {"path": path, "predicted": ";".join(values.values()), **values, "error": ""}
 
     def policy(self, spec: str | None) -> np.ndarray | None:
@@ -33,7 +35,14 @@ class Values(Answers):
         return None  # no class to explain
 
 
-def own_fields() -> list[str]:
+@functools.cache
+def own_fields() -> tuple[str, ...]:
     """The fields of every row besides the values' (path, predicted, error), read off a row
-    without values: a value column of one of these names would overwrite it."""
-    return list(Values([], {}).row("x", np.zeros(0), 1))
+    without values."""
+    return tuple(Values([], {}).row("x", np.zeros(0), 1))
+
+
+def field(name: str) -> str:
+    """A value column's field in a row: its name, or ``<name>_value`` where a row's own field
+    (``error``, ``path``, ...) has it, so neither is lost."""
+    return f"{name}_value" if name in own_fields() else name

@@ -8,7 +8,6 @@ from pathlib import Path
 from project.data.samples import Sample
 from project.data.splits import split_off
 from project.tasks.labels import Labels, Row, indicator_columns, mostly_numbers, number
-from project.tasks.regression.answers import own_fields
 
 
 class Numbers(Labels):
@@ -38,17 +37,11 @@ class Numbers(Labels):
         return values, None
 
     def check(self, rows: list[Row]) -> list[str]:
-        """A column named like a field of predict's rows (it would overwrite it), and a column with
-        one value in training (nothing to learn: its R² is undefined)."""
-        own = own_fields()
-        problems = [f"{self.path} line 1: column '{c}' would overwrite the field '{c}' of predict's answers "
-                    f"({', '.join(own)} are taken); rename the column (e.g. '{c}_value')"
-                    for c in self.columns if c in own]
+        """A column with one value in training has nothing to learn (its R² is undefined)."""
         train = [r.label for r in rows if r.split in (None, "train")]
-        return problems + [
-            f"{self.path}: column '{c}' holds one value ({train[0][j]:g}) in every training row: "
-            "nothing to learn; drop the column or add varied rows"
-            for j, c in enumerate(self.columns) if len(train) > 1 and len({v[j] for v in train}) == 1]
+        return [f"{self.path}: column '{c}' holds one value ({train[0][j]:g}) in every training row: "
+                "nothing to learn; drop the column or add varied rows"
+                for j, c in enumerate(self.columns) if len(train) > 1 and len({v[j] for v in train}) == 1]
 
     def names(self, rows: list[Row]) -> list[str]:
         return list(self.columns)
