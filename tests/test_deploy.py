@@ -133,6 +133,20 @@ def test_an_evaluation_transform_that_infer_does_not_mirror_stops_the_export(edi
     assert not out.exists()
 
 
+@pytest.mark.parametrize("interpolation", ["bicubic", "nearest", "bilinear"])
+def test_the_preprocessing_check_passes_unedited_transforms_of_any_filter(interpolation, tiny_data):
+    """Enlarging a small image, torch's and Pillow's bicubic round apart by 2 and their nearest
+    pick other pixels: the check compares where neither resizes, so an unedited model exports."""
+    from types import SimpleNamespace
+
+    from project.common.preprocessing import Preprocessing
+    from project.data.samples import Sample
+    from project.extras.deploy.export import check_infer_preprocessing
+
+    small = [Sample(str(p), 0) for p in sorted((tiny_data / "val").rglob("*.png"))[:4]]  # 32 px
+    check_infer_preprocessing(Preprocessing(96, 0.9, interpolation), None, SimpleNamespace(samples=small))
+
+
 @pytest.mark.parametrize("problem", ["missing", "corrupt", "not_a_checkpoint", "no_class_names"])
 def test_bad_checkpoints_fail_in_one_line_and_leave_nothing(problem, trained_run, tmp_path, capsys):
     ckpt = tmp_path / "model.ckpt"

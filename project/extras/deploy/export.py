@@ -216,21 +216,24 @@ def export_checkpoint(ckpt_path: Path, out: Path, formats: list[str], data_dir: 
 def check_infer_preprocessing(pre, dm, val: ImageDataset | None) -> None:
     """``infer.py`` and ``serve --onnx`` prepare images without torch (``infer.preprocess``): an
     edit to the evaluation transforms that it does not mirror would feed the ONNX file other inputs
-    than those its accuracy is measured on here. Compared on a few validation images and a made-up
-    one, in steps of one pixel value (the two resizers may differ by rounding)."""
+    than those its accuracy is measured on here. Compared on a made-up image and a few validation
+    images read at the resize side, where neither resizes (torch's and Pillow's resizers round
+    differently when they enlarge), in steps of one pixel value."""
     from project.common.pixels import DECODE_ERRORS, read_rgb
     from project.data.transforms import eval_transforms
     from project.extras.deploy.infer import preprocess
 
     transform = dm.transform("val") if dm is not None else eval_transforms(pre)
-    ramp = np.linspace(0, 255, pre.resize_size * 4 // 3, dtype=np.float32)
-    made = np.stack([np.add.outer(ramp[: pre.resize_size] / 2, ramp / 2)] * 3, -1).astype(np.uint8)
+    y, x = np.mgrid[0:1:pre.resize_size * 1j, 0:1:pre.resize_size * 4 // 3 * 1j]  # landscape, colours
+    made = (np.stack([x, y, 1 - (x + y) / 2], -1) * 255).astype(np.uint8)
     images = {"a made-up gradient": made}
     for sample in (val.samples[:4] if val is not None else []):
         try:
-            images[sample.path] = read_rgb(sample.path, pre.resize_size)
+            rgb = read_rgb(sample.path, pre.resize_size)
         except DECODE_ERRORS:
             continue  # undecodable: left out of the accuracies too
+        if min(rgb.shape[:2]) == pre.resize_size:  # a smaller image is enlarged: not compared
+            images[sample.path] = rgb
     std = np.reshape(pre.std, (3, 1, 1))
     for name, rgb in images.items():
         want = transform(torch.from_numpy(rgb).permute(2, 0, 1).contiguous()).numpy()
@@ -241,8 +244,8 @@ def check_infer_preprocessing(pre, dm, val: ImageDataset | None) -> None:
                 f"infer.py prepares images otherwise than evaluation does ({name}: shapes "
                 f"{tuple(want.shape)} and {tuple(got.shape)}, up to {diff:.1f} pixel values apart): "
                 "infer.py and serve --onnx would feed the ONNX file other inputs than those scored "
-                "here. Make preprocess in project/extras/deploy/infer.py do what the evaluation "
-                "transforms (project/data/transforms.py eval_transforms) do, or undo the change there")
+                "here. Make preprocess in project/extras/deploy/infer.py and the evaluation "
+                "transforms (project/data/transforms.py eval_transforms) do the same")
 
 
 def _export_int8(out: Path, dm, n: int, method: str) -> None:
