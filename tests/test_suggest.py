@@ -181,7 +181,7 @@ def test_suggest_writes_the_csv_and_contact_sheet_and_counts_a_broken_file(train
         assert sheet.format == "PNG" and sheet.width > 200
     assert "--labels LABELS.csv" in out.out  # a run of class folders: no table to name
 
-    # a label typed into to_label.csv, then suggest again: refused, the file as it was
+    # a label typed into to_label.csv, then suggest again: the file moved aside, whole, and said
     rows[1]["label"] = "circle"
     with open(run / "suggest" / "to_label.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
@@ -189,11 +189,11 @@ def test_suggest_writes_the_csv_and_contact_sheet_and_counts_a_broken_file(train
         writer.writerows(rows)
     typed = (run / "suggest" / "to_label.csv").read_text()
     again = ["suggest", "--unlabeled", str(unlabeled), "--ckpt_path", str(run), "--n", "3"]
-    assert cli(again, tmp_path) == 2
-    error = one_error(capsys.readouterr().err)
-    assert str(run / "suggest" / "to_label.csv") in error and "1 filled label" in error
-    assert "--add" in error and "move or delete" in error
-    assert (run / "suggest" / "to_label.csv").read_text() == typed
+    assert cli(again, tmp_path) == 0
+    said = capsys.readouterr().out
+    assert f"held 1 filled labels the run's data does not hold yet: moved to {run / 'suggest'}" in said
+    assert (run / "suggest" / "to_label.filled.csv").read_text() == typed and "--add" in said
+    assert [r["label"] for r in read_csv(run / "suggest" / "to_label.csv")[1]] == ["", "", ""]
     # labels the run's data holds already (added and trained on): nothing lost, so written anew
     rows[1]["image"] = str(sorted((tiny_data / "train").rglob("*.png"))[3])
     with open(run / "suggest" / "to_label.csv", "w", newline="") as f:
@@ -213,17 +213,21 @@ def test_the_add_hint_names_the_run_s_table_and_its_data_dir(tmp_path):
     assert add_command(csv_path, str(table), str(tmp_path / "F")).endswith(f"--labels {table}")
     assert add_command(csv_path, str(table), str(tmp_path / "F" / "mine")).endswith(
         f"--labels {table} --data_dir {tmp_path / 'F' / 'mine'}")
-    # a filled to_label.csv: kept from overwriting until the run's table (data_dir F/mine) holds it
+    # a filled to_label.csv: moved aside until the run's table (data_dir F/mine) holds it
     image = tmp_path / "F" / "mine" / "img" / "u1.png"
     csv_path.parent.mkdir(parents=True)
     write_csv([{"image": str(image), "suggested": "dots", "score": 0.1, "rank": 1}], csv_path)
     csv_path.write_text(csv_path.read_text().replace(",,dots", ",star,dots"))
     table.parent.mkdir(parents=True)
     table.write_text("image,label\nimg/u1.png,\n")
-    with pytest.raises(ProjectError, match=f"1 filled label.*--data_dir {tmp_path / 'F' / 'mine'}"):
+    typed = csv_path.read_text()
+    for n, kept in enumerate(("to_label.filled.csv", "to_label.filled-2.csv")):
         keep_filled_labels(csv_path, set(), str(table), str(tmp_path / "F" / "mine"))
+        assert (csv_path.parent / kept).read_text() == typed and not csv_path.exists(), n
+        csv_path.write_text(typed)  # typed again; the earlier copy is kept
     table.write_text("image,label\nimg/u1.png,star\n")  # added (not trained on yet): nothing lost
     keep_filled_labels(csv_path, set(), str(table), str(tmp_path / "F" / "mine"))
+    assert csv_path.exists()  # left to be written anew
 
 
 def test_rank_images_gives_min_of_n_and_the_decodable_images_best_first(trained_run, unlabeled):

@@ -82,7 +82,7 @@ def main(argv: list[str]) -> int:
     labeled: set[str] = set()
     if splits is not None:
         labeled = {os.path.realpath(s.path) for part in (splits.train, splits.val, splits.test) for s in part}
-    keep_filled_labels(out / "to_label.csv", labeled, table, data_dir)  # before anything is written
+    keep_filled_labels(out / "to_label.csv", labeled, table, data_dir)  # before it is written anew
     if splits is not None:
         left_out = [p for p in paths if os.path.realpath(p) in labeled]
         paths = [p for p in paths if os.path.realpath(p) not in labeled]
@@ -124,9 +124,9 @@ def add_command(to_label: Path, table: str | None, data_dir: str | None) -> str:
 
 
 def keep_filled_labels(to_label: Path, labeled: set[str], table: str | None, data_dir: str | None) -> None:
-    """Refuse to overwrite a ``to_label.csv`` whose filled labels are not in the run's data yet
-    (``labeled``: its images, as real paths; or its labels table): a person's typing, lost
-    without a word otherwise."""
+    """A ``to_label.csv`` whose filled labels are not in the run's data yet (``labeled``: its
+    images, as real paths; or its labels table), a person's typing, is moved aside to
+    ``to_label.filled[-N].csv`` before a new one is written, and the move is said."""
     from project.extras.suggest.labels import labeled_in_table, read_rows
 
     if not to_label.is_file():
@@ -139,10 +139,11 @@ def keep_filled_labels(to_label: Path, labeled: set[str], table: str | None, dat
         labeled = labeled | labeled_in_table(table, data_dir)
     filled = [r for r in rows if r.get("label") and os.path.realpath(r.get("image", "")) not in labeled]
     if filled:
-        raise ProjectError(f"{to_label} has {len(filled)} filled labels that the run's data does not hold "
-                           "yet, which suggest would overwrite: add them first "
-                           f"({add_command(to_label, table, data_dir)}; adding twice changes nothing), or "
-                           "move or delete the file")
+        names = (to_label.with_name(f"to_label.filled{f'-{n}' if n > 1 else ''}.csv") for n in range(1, 9999))
+        kept = next(p for p in names if not p.exists())
+        os.replace(to_label, kept)
+        print(f"Notice: {to_label} held {len(filled)} filled labels the run's data does not hold yet: "
+              f"moved to {kept} (add them: {add_command(kept, table, data_dir)})")
 
 
 def run_folder(ckpt: Path) -> Path:
