@@ -193,8 +193,9 @@ def notice_missing_checkpoints(trainer, monitor: str) -> None:
     missing = [name for name, there in kept.items() if not there]
     if trainer.checkpoint_callbacks and missing and trainer.is_global_zero:
         log.info("Notice: no checkpoint callback writes the %s checkpoint (evaluate, predict and export take "
-                 "the best by %s, resume last.ckpt): trainer.callbacks replaced configs/train.yaml's list; "
-                 "write `callbacks+:` to add to it", " or ".join(missing), monitor)
+                 "the best by %s, resume last.ckpt): configs/train.yaml's trainer.callbacks has them, and a "
+                 "config's `callbacks:` replaces that list (write `callbacks+:` to add to it)",
+                 " or ".join(missing), monitor)
 
 
 def cpu_has_bfloat16() -> bool:

@@ -114,6 +114,10 @@ def test_weights_files_as_scripts_write_them_load_and_a_bigger_networks_file_doe
         torch.save({key: reference.state_dict(), "epoch": 3}, tmp_path / f"{key}.pth")
         model = ImageClassifier(num_classes=4, weights=str(tmp_path / f"{key}.pth"), input=32)
         assert torch.equal(model.net.conv1.weight, reference.conv1.weight), key
+    extra = {**reference.state_dict(), "layer1.0.bn1.some_stat": torch.zeros(3)}  # a buffer of a layer it has
+    torch.save(extra, tmp_path / "extra.pth")
+    model = ImageClassifier(num_classes=4, weights=str(tmp_path / "extra.pth"), input=32)
+    assert "dropped layer1.0.bn1.some_stat" in model.weights_note
     torch.save(torchvision.models.resnet34().state_dict(), tmp_path / "r34.pth")
     with pytest.raises(backbones.WeightsError, match=r"does not fit resnet18: it has layers resnet18 lacks "
                                                      r"\(layer1\.2\..*deeper or wider"):
@@ -235,6 +239,20 @@ def test_a_frozen_backbone_keeps_its_weights_and_batchnorm_statistics(tiny_data)
     assert any(k.endswith("running_mean") for k in moved) and "layer1.0.conv1.weight" in moved
     assert "conv1.weight" not in moved and not model.net.conv1.weight.requires_grad  # thawed: not this
     assert all(m.training for m in model.net.modules() if isinstance(m, nn.BatchNorm2d))
+
+
+def test_a_second_fit_thaws_what_the_first_found_trainable():
+    """A notebook's second fit of the same network after one that ended frozen: the backbone the
+    first fit froze thaws; the stem the user froze stays frozen."""
+    from types import SimpleNamespace
+
+    model = ImageClassifier(num_classes=3, weights=None, input=32)
+    model.net.conv1.requires_grad_(False)
+    freeze = FreezeBackbone(epochs=1)
+    for epoch in (0, 1):  # the first fit stops in its frozen epoch; the second starts at epoch 1
+        freeze.on_fit_start(SimpleNamespace(), model)
+        freeze.on_train_epoch_start(SimpleNamespace(current_epoch=epoch), model)
+    assert model.net.layer1[0].conv1.weight.requires_grad and not model.net.conv1.weight.requires_grad
 
 
 def test_the_ema_update_is_timm_s_rule_for_every_tensor_at_once():

@@ -222,3 +222,7 @@ def test_labeled_images_in_the_unlabeled_folder_are_left_out(tiny_data, unlabele
     assert "Notice: 40 images in data.unlabeled.images are the data set's labeled ones" in caplog.text
     with pytest.raises(ConfigError, match="data.unlabeled.images .*holds only the data set's labeled images"):
         unlabeled(root / "labeled")
+    (tmp_path / "linked").mkdir()  # the labeled images through a link: the same files
+    (tmp_path / "linked" / "photos").symlink_to(root / "labeled")
+    with pytest.raises(ConfigError, match="holds only the data set's labeled images"):
+        unlabeled(tmp_path / "linked")

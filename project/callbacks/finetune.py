@@ -28,8 +28,11 @@ class FreezeBackbone(Callback):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # what the network leaves trainable before any freezing here: layers it froze for good
-        # (a factory's frozen stem) stay frozen when the backbone thaws
-        self.trainable = {id(p) for p in pl_module.net.parameters() if p.requires_grad}
+        # (a factory's frozen stem) stay frozen when the backbone thaws; a second fit of the same
+        # network (a notebook's, after one that ended frozen) keeps what the first one found
+        params = {id(p): p.requires_grad for p in pl_module.net.parameters()}
+        if not self.trainable & params.keys():
+            self.trainable = {i for i, trainable in params.items() if trainable}
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # every epoch: Lightning restores each module's mode after validation, and a resumed

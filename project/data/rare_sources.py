@@ -34,9 +34,9 @@ class RareSources:
         dm = self.dm
         found = unlabeled_samples(dm.unlabeled, dm.data_dir, dm.hparams.labels, self.unlabeled_from_table)
         # the labeled images, val's and test's above all, are no pseudo-labels' to train on
-        labeled = {os.path.abspath(s.path) for split in ("train", "val", "test")
+        labeled = {os.path.realpath(s.path) for split in ("train", "val", "test")  # links too
                    for s in getattr(dm.splits, split)}
-        kept = [s for s in found if os.path.abspath(s.path) not in labeled]
+        kept = [s for s in found if os.path.realpath(s.path) not in labeled]
         if len(kept) < len(found):
             require(bool(kept), "data.unlabeled.images", "holds only the data set's labeled images",
                     dm.unlabeled.images)

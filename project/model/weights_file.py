@@ -126,7 +126,9 @@ def load_matching(net: nn.Module, state: dict, name: str, path: Path, head: str)
                      and not (k.endswith(COUNTER) and k.removesuffix(COUNTER) + "running_mean" in fits))
     how = f"by name without the prefix {'+'.join(stripped)}" if stripped else "by name"
     body = {k.split(".", 1)[0] for k in own} - {head.split(".", 1)[0]}
-    extra = [k for k in dropped if k not in own and k.split(".", 1)[0] in body and not k.endswith(COUNTER)]
+    layers = dict(net.named_modules())  # a tensor of a layer the model's blocks lack (an extra buffer
+    extra = [k for k in dropped if k not in own and k.split(".", 1)[0] in body  # of one it has: dropped)
+             and k.rpartition(".")[0] not in layers]
     if fits and not missing and extra:  # layers within the model's own blocks: a bigger network's
         raise WeightsError(f"model.weights file '{path}' does not fit {name}: it has layers {name} lacks "
                            f"({', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''}), as a deeper or "
