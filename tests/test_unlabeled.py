@@ -188,6 +188,16 @@ def test_data_unlabeled_dir_is_short_for_its_images(tiny_data, unlabeled_dir, tm
                  ["--data.unlabeled.ratio=2", "--data.unlabeled", str(unlabeled_dir)]):
         cli_ = ProjectCLI(args=fit_args(tiny_data, *QUICK, *args, epochs=1), run=False)
         assert (cli_.datamodule.unlabeled.images, cli_.datamodule.unlabeled.ratio) == (str(unlabeled_dir), 2)
+    config = tmp_path / "mine.yaml"  # the one-word form in a file, with a setting of the group given
+    config.write_text(f"data:\n  unlabeled: {unlabeled_dir}\n")
+    with pytest.raises(ConfigError, match=f"write `unlabeled: {{images: {unlabeled_dir}}}` there"):
+        ProjectCLI(args=fit_args(tiny_data, f"--config={config}", "--data.unlabeled.ratio=2"), run=False)
+
+
+@pytest.mark.slow
+def test_a_run_with_unlabeled_images_evaluates_once_they_are_gone(tiny_data, unlabeled_dir, tmp_path):
+    """The shorthand trains with the group's defaults; what comes after training (evaluate,
+    calibrate) knows nothing of the unlabeled images, so their folder may go."""
     folder = shutil.copytree(unlabeled_dir, tmp_path / "unlabeled")
     assert cli(["fit", *fit_args(tiny_data, *QUICK, f"--data.unlabeled={folder}", epochs=1)], tmp_path) == 0
     run = only_run(tmp_path / "logs")
@@ -198,10 +208,6 @@ def test_data_unlabeled_dir_is_short_for_its_images(tiny_data, unlabeled_dir, tm
     shutil.rmtree(folder)  # what comes after training knows nothing of the unlabeled images
     assert cli(["evaluate", str(ckpt)], tmp_path) == 0
     assert cli(["calibrate", "--ckpt_path", str(ckpt)], tmp_path) == 0
-    config = tmp_path / "mine.yaml"  # the one-word form in a file, with a setting of the group given
-    config.write_text(f"data:\n  unlabeled: {unlabeled_dir}\n")
-    with pytest.raises(ConfigError, match=f"write `unlabeled: {{images: {unlabeled_dir}}}` there"):
-        ProjectCLI(args=fit_args(tiny_data, f"--config={config}", "--data.unlabeled.ratio=2"), run=False)
 
 
 def test_labeled_images_in_the_unlabeled_folder_are_left_out(tiny_data, unlabeled_dir, tmp_path, caplog):
