@@ -204,6 +204,21 @@ def test_check_data_splits_one_folder_as_training_does(data, trained_run, tmp_pa
     assert "NEAR-DUPLICATES" in out and "(splits as the data states them: the classes of" in out
 
 
+def test_stated_splits_leave_rows_without_a_label_out_of_the_classes(tiny_data, tmp_path):
+    """A table whose empty-label rows are FixMatch's unlabeled images cannot be split as training
+    does (its empty labels are problems without data.unlabeled): the stated splits hold the
+    labeled rows, never a class named None."""
+    from project.extras.embeddings.check import stated_splits
+
+    images = sorted((tiny_data / "train").rglob("*.png"))[:4]
+    table = tmp_path / "labels.csv"
+    rows = [f"{p.relative_to(tiny_data).as_posix()},{p.parent.name if k else ''}"
+            for k, p in enumerate(images)]
+    table.write_text("image,label\n" + "".join(f"{r}\n" for r in rows))  # the first: no label
+    stated = stated_splits(str(tiny_data), str(table))
+    assert [cls for _, cls, _ in stated] == [p.parent.name for p in images[1:]]
+
+
 def test_a_configs_split_seed_splits_the_images_it_names(tiny_data, tmp_path):
     from project.data.folders import discover
     from project.extras.embeddings.sources import labeled_splits

@@ -79,7 +79,7 @@ def stated_splits(data_dir: str, labels: str | None) -> list[Labeled]:
 
         table = read_table(labels, data_dir)
         return [(r.split or "train", table.labels.text(r.label), str(root / r.image)) for r in table.rows
-                if (root / r.image).is_file()]
+                if (root / r.image).is_file() and r.label is not None]  # an empty label: no class
     from project.data.folders import layout
 
     base, classes, splits = layout(root)
