@@ -36,18 +36,19 @@ def expand_shorthands(argv: list[str]) -> list[str]:
 
 
 def check_renamed(argv: list[str]) -> None:
-    """An old key (``RENAMED``) on the command line or in a ``--config`` file: one line naming the new."""
+    """An old key (``RENAMED``) on the command line or in a ``--config`` file: one line naming the
+    new; so is a config file's ``unlabeled: DIR`` that a ``--data.unlabeled.*`` given would replace."""
     import yaml
 
     keys = {a[2:].split("=", 1)[0] for a in argv if a.startswith("--")}
     configs = [b for a, b in zip(argv, argv[1:], strict=False) if a == "--config"]
     configs += [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+    given = {a.split("=", 1)[0] for a in argv if a.startswith("--data.unlabeled.")}
     for config in configs:
         text = yaml.safe_load(Path(config).read_text()) if Path(config).is_file() else None
         if isinstance(text, dict):
             keys |= {f"{section}.{k}" for section, v in text.items() if isinstance(v, dict) for k in v}
             short = (text.get("data") or {}).get("unlabeled") if isinstance(text.get("data"), dict) else None
-            given = {a.split("=", 1)[0] for a in argv if a.startswith("--data.unlabeled.")}
             if isinstance(short, str) and given and "--data.unlabeled.images" not in given:
                 raise ConfigError(f"{config}: `unlabeled: {short}` is replaced by the --data.unlabeled.* "
                                   f"given with it: write `unlabeled: {{images: {short}}}` there")

@@ -148,7 +148,7 @@ class DeferredScheduler(LRScheduler):
                 group.update(values)
         counted = {k: getattr(self.inner, k) for k in ("step_size", "milestones", "T_max", "T_0")
                    if hasattr(self.inner, k)}
-        if counted and "steps_per_epoch" in lengths:  # a length in epochs elsewhere: in steps here
+        if counted:  # a length in epochs elsewhere: in steps here
             log.info("Notice: %s's %s count%s optimiser steps here, not epochs (an epoch is %d steps)",
                      type(self.inner).__name__,
                      ", ".join(f"{k}={sorted(v) if isinstance(v, dict) else v}" for k, v in counted.items()),

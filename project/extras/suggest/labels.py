@@ -138,7 +138,7 @@ def add_labels(to_label: str | Path, labels: str | Path, data_dir: str | Path | 
             raise ProjectError(f"--add '{to_label}': the answer '{r['label']}' for {r['image']} holds a "
                                f"label with a space, and '{labels}' separates its labels by spaces: write "
                                "it without the space, or separate the table's labels with ';'")
-        label = (";" if sep == ";" else " ").join(names) if several else r["label"]
+        label = sep.join(names) if several else r["label"]
         result.new_classes += [n for n in names if n not in known and n not in result.new_classes]
         if listed is not None:  # a row without a label (an unlabeled image of the table): filled in
             listed[label_col] = label
