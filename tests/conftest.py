@@ -58,14 +58,26 @@ def pytest_configure(config) -> None:
         torch.set_num_threads(int(threads))
 
 
+@contextlib.contextmanager
+def scratch(tmp_path_factory, name: str):
+    """A folder removed once its fixture is done with it. pytest keeps the folders of
+    ``tmp_path_factory`` until the session ends; a run's checkpoints are 90 MB each here, and a
+    suite that kept every fixture's runs until the end would fill a small disk."""
+    path = tmp_path_factory.mktemp(name)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
 def _no_downloads(tmp_path_factory, monkeypatch):
     """An empty TORCH_HOME and HF_HOME, offline: nothing comes from a real cache or the network."""
-    home = tmp_path_factory.mktemp("torch_home")
-    monkeypatch.setenv("TORCH_HOME", str(home))
-    monkeypatch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf_home")))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    return home
+    with scratch(tmp_path_factory, "torch_home") as home, scratch(tmp_path_factory, "hf_home") as hf:
+        monkeypatch.setenv("TORCH_HOME", str(home))
+        monkeypatch.setenv("HF_HOME", str(hf))
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        yield home
 
 
 @pytest.fixture(scope="session")

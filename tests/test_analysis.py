@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +45,7 @@ from tests.conftest import (
     one_error,
     only_run,
     scalars,
+    scratch,
 )
 
 
@@ -182,17 +184,18 @@ def test_a_broken_temperature_file_is_one_error_that_names_it(content, trained_r
 
 
 @pytest.fixture(scope="module")
-def evaluated(trained_run, tmp_path_factory) -> Path:
+def evaluated(trained_run, tmp_path_factory) -> Iterator[Path]:
     """evaluate --tta hflip on a copy of the trained run: its checkpoint folder."""
-    copy = tmp_path_factory.mktemp("evaluated") / "run"
-    shutil.copytree(trained_run, copy)
-    assert not calibration_path(best_ckpt(copy)).exists()
-    console = io.StringIO()
-    with contextlib.redirect_stdout(console):
-        assert cli(["evaluate", str(copy), "--tta", "hflip", "--target_acc", "0.1",
-                    "--trainer.enable_progress_bar=false"], copy) == 0
-    (copy.parent / "console.txt").write_text(console.getvalue())  # beside the run, not in it
-    return best_ckpt(copy).parent
+    with scratch(tmp_path_factory, "evaluated") as folder:
+        copy = folder / "run"
+        shutil.copytree(trained_run, copy)
+        assert not calibration_path(best_ckpt(copy)).exists()
+        console = io.StringIO()
+        with contextlib.redirect_stdout(console):
+            assert cli(["evaluate", str(copy), "--tta", "hflip", "--target_acc", "0.1",
+                        "--trainer.enable_progress_bar=false"], copy) == 0
+        (folder / "console.txt").write_text(console.getvalue())  # beside the run, not in it
+        yield best_ckpt(copy).parent
 
 
 def test_evaluate_writes_a_report_that_agrees_with_the_logged_metrics(evaluated):

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -19,16 +20,17 @@ from project.checkpoints import load_model
 from project.extras.analysis.calibration import write_temperature
 from project.extras.deploy.infer import OnnxClassifier, classify
 from project.extras.deploy.infer import main as infer_main
-from tests.conftest import CLASSES, best_ckpt, cli, one_error
+from tests.conftest import CLASSES, best_ckpt, cli, one_error, scratch
 
 
 @pytest.fixture(scope="module")
-def calibrated(trained_run, tmp_path_factory) -> Path:
+def calibrated(trained_run, tmp_path_factory) -> Iterator[Path]:
     """The trained run's best checkpoint with a temperature of 2.5 (in model.ckpt.calibration.json)."""
-    ckpt = tmp_path_factory.mktemp("calibrated") / "model.ckpt"
-    ckpt.write_bytes(best_ckpt(trained_run).read_bytes())
-    write_temperature(ckpt, {"temperature": 2.5})
-    return ckpt
+    with scratch(tmp_path_factory, "calibrated") as folder:
+        ckpt = folder / "model.ckpt"
+        ckpt.write_bytes(best_ckpt(trained_run).read_bytes())
+        write_temperature(ckpt, {"temperature": 2.5})
+        yield ckpt
 
 
 @pytest.fixture(scope="module")

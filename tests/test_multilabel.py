@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ from project.extras.deploy.export import export_checkpoint
 from project.extras.deploy.exporters import ExportError
 from project.extras.deploy.infer import main as infer_main
 from project.tasks.multilabel.metrics import fit_thresholds, scores
-from tests.conftest import QUICK, best_ckpt, cli, fit_args, one_error, only_run, scalars
+from tests.conftest import QUICK, best_ckpt, cli, fit_args, one_error, only_run, scalars, scratch
 
 ML_ARGS = ("--model.input.crop_ratio=1.0",)  # 32-px mosaics at 32 px: predict and infer read the same pixels
 
@@ -59,11 +60,11 @@ def test_a_labels_table_over_a_flat_folder_trains_like_class_folders(tiny_data, 
 
 
 @pytest.fixture(scope="module")
-def multilabel_run(multilabel_data, tmp_path_factory) -> Path:
-    cwd = tmp_path_factory.mktemp("ml-run")
-    labels = multilabel_data / "labels.csv"
-    assert cli(["fit", *fit_args(multilabel_data, f"--data.labels={labels}", *ML_ARGS, epochs=3)], cwd) == 0
-    return only_run(cwd / "logs")
+def multilabel_run(multilabel_data, tmp_path_factory) -> Iterator[Path]:
+    with scratch(tmp_path_factory, "ml-run") as cwd:
+        labels = f"--data.labels={multilabel_data / 'labels.csv'}"
+        assert cli(["fit", *fit_args(multilabel_data, labels, *ML_ARGS, epochs=3)], cwd) == 0
+        yield only_run(cwd / "logs")
 
 
 def test_a_multilabel_table_trains_with_map_and_thresholds_in_the_checkpoint(multilabel_run, capsys):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import csv
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ import torch
 
 from project.checkpoints import load_model, read_checkpoint
 from project.data.tables import discover_table
-from tests.conftest import QUICK, best_ckpt, cli, fit_args, one_error, only_run, scalars
+from tests.conftest import QUICK, best_ckpt, cli, fit_args, one_error, only_run, scalars, scratch
 
 # 32 px at 32 px: predict and infer read the same pixels; from random weights, scratch's LR or more
 # (at 0.01 three epochs leave colour at chance on one CPU thread, at 0.7 on two)
@@ -48,10 +49,10 @@ def mo_args(data: Path, *extra: str, epochs: int = 3, table: str = "labels.csv")
 
 
 @pytest.fixture(scope="module")
-def multioutput_run(shape_colour_data, tmp_path_factory) -> Path:
-    cwd = tmp_path_factory.mktemp("mo-run")
-    assert cli(["fit", *mo_args(shape_colour_data)], cwd) == 0
-    return only_run(cwd / "logs")
+def multioutput_run(shape_colour_data, tmp_path_factory) -> Iterator[Path]:
+    with scratch(tmp_path_factory, "mo-run") as cwd:
+        assert cli(["fit", *mo_args(shape_colour_data)], cwd) == 0
+        yield only_run(cwd / "logs")
 
 
 def test_two_word_columns_are_a_multioutput_task_split_over_both(shape_colour_data):

@@ -20,7 +20,8 @@ def test_there_are_four_notebooks_with_outputs_stripped():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs(path, tmp_path):
+def test_notebook_runs(path, tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the kernel's: its mkdtemp runs go when the test passes
     book = nbformat.read(path, as_version=4)
     NotebookClient(book, timeout=300, kernel_name="python3",
                    resources={"metadata": {"path": str(tmp_path)}}).execute()

@@ -7,6 +7,7 @@ import base64
 import csv
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,7 @@ def own_task(tiny_data, tmp_path_factory):
         sys.path.remove(str(root))
         for name in [m for m in sys.modules if m == "grading" or m.startswith("grading.")]:
             del sys.modules[name]
+        shutil.rmtree(root, ignore_errors=True)  # the run's checkpoints, not kept to the session's end
 
 
 def test_the_docs_own_task_trains_with_its_own_loss_and_labels(own_task):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import csv
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ import torch
 
 from project.checkpoints import load_model, read_checkpoint
 from project.data.tables import discover_table
-from tests.conftest import QUICK, REPO, best_ckpt, cli, fit_args, one_error, only_run, scalars
+from tests.conftest import QUICK, REPO, best_ckpt, cli, fit_args, one_error, only_run, scalars, scratch
 from tests.test_schedule import EVERY_EPOCH, straight_and_resumed
 
 REG_ARGS = ("--model.input.crop_ratio=1.0",)  # 32 px at 32 px: predict and infer read the same pixels
@@ -48,10 +49,10 @@ def reg_args(data: Path, *extra: str, epochs: int = 3) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def regression_run(count_data, tmp_path_factory) -> Path:
-    cwd = tmp_path_factory.mktemp("reg-run")
-    assert cli(["fit", *reg_args(count_data)], cwd) == 0
-    return only_run(cwd / "logs")
+def regression_run(count_data, tmp_path_factory) -> Iterator[Path]:
+    with scratch(tmp_path_factory, "reg-run") as cwd:
+        assert cli(["fit", *reg_args(count_data)], cwd) == 0
+        yield only_run(cwd / "logs")
 
 
 def test_a_table_of_numbers_is_a_regression_scaled_from_the_training_split(count_data):

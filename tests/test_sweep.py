@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Iterator
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import yaml
 from project.errors import ConfigError
 from project.extras.sweep.space import cli_value, load_space, nested
 from project.extras.sweep.study import make_pruner
-from tests.conftest import cli, fit_args, scalars
+from tests.conftest import cli, fit_args, scalars, scratch
 
 SPACE = """\
 model.lr: {log_uniform: [0.005, 0.05]}
@@ -187,15 +188,15 @@ def test_a_trial_run_reports_to_its_study_through_the_public_storage_api(tmp_pat
 # -- A real sweep ---------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def sweep3(tiny_data, tmp_path_factory) -> tuple[Path, str]:
+def sweep3(tiny_data, tmp_path_factory) -> Iterator[tuple[Path, str]]:
     """Three trials of one epoch each on tiny data (the default median pruner waits for three),
     then the best settings again with two more seeds; the sweep's printed output."""
-    cwd = tmp_path_factory.mktemp("sweep")
-    out = io.StringIO()
-    with redirect_stdout(out):  # the sweep here, its trials in their own processes
-        code = cli(["sweep", "--sweep", str(_space(cwd)), *SWEEP3, *fit_args(tiny_data, epochs=1)], cwd)
-    assert code == 0, out.getvalue()[-3000:]
-    return cwd, out.getvalue()
+    with scratch(tmp_path_factory, "sweep") as cwd:
+        out = io.StringIO()
+        with redirect_stdout(out):  # the sweep here, its trials in their own processes
+            code = cli(["sweep", "--sweep", str(_space(cwd)), *SWEEP3, *fit_args(tiny_data, epochs=1)], cwd)
+        assert code == 0, out.getvalue()[-3000:]
+        yield cwd, out.getvalue()
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ from project.commands import COMMANDS
 from project.data import FolderDataModule
 from project.errors import ConfigError
 from project.model import ImageClassifier
-from tests.conftest import QUICK, REPO, best_ckpt, chdir, cli, fit_args, one_error, only_run, scalars
+from tests.conftest import QUICK, REPO, best_ckpt, chdir, cli, fit_args, one_error, only_run, scalars, scratch
 
 MAKEFILE = REPO / "Makefile"
 
@@ -146,11 +146,11 @@ RESET_ON_LOAD = {"weights", "compile", "optimizer", "scheduler"}  # load_model's
 @pytest.fixture(scope="module")
 def quick_run(tiny_data, tmp_path_factory):
     """A 2-epoch run (a sanity check and two validation epochs) with the settings of CHANGED."""
-    cwd = tmp_path_factory.mktemp("wiring")
     settings = [f"--{key}={str(value).lower() if isinstance(value, bool) else value}"
                 for key, value in CHANGED.items()]
-    assert cli(["fit", *fit_args(tiny_data, *QUICK, *settings)], cwd) == 0
-    return only_run(cwd / "logs")
+    with scratch(tmp_path_factory, "wiring") as cwd:
+        assert cli(["fit", *fit_args(tiny_data, *QUICK, *settings)], cwd) == 0
+        yield only_run(cwd / "logs")
 
 
 def test_a_normal_fit_logs_each_validation_metric_once_an_epoch(quick_run):
