@@ -1,5 +1,7 @@
 """Errors a user can fix; the CLI prints them as one line instead of a traceback."""
 
+import errno
+
 
 class ProjectError(Exception):
     """Base of the errors whose message names the file or setting and the fix."""
@@ -11,6 +13,21 @@ class ConfigError(ProjectError, ValueError):
 
 class CheckpointError(ProjectError, ValueError):
     """A checkpoint that is missing, unreadable, or does not fit the data."""
+
+
+class DiskFullError(ProjectError):
+    """A write that found no room (raised by the atomic writer, so nothing half-written is left)."""
+
+
+def disk_full(err: BaseException) -> OSError | None:
+    """The "no space left" (or over quota) error behind ``err``, if any: torch's writer raises a
+    RuntimeError about its position, with the OSError only in the chain."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def require(ok: bool, key: str, rule: str, value: object) -> None:

@@ -2,10 +2,13 @@
 
 import os
 import secrets
+import shutil
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+
+from project.errors import DiskFullError, disk_full
 
 # the formats training reads (Pillow decodes them all)
 IMAGE_EXTENSIONS = frozenset(
@@ -16,7 +19,8 @@ IMAGE_EXTENSIONS = frozenset(
 @contextmanager
 def atomic_path(final: str | Path) -> Iterator[Path]:
     """A temporary path beside ``final``, fsynced and renamed once written: never half-written
-    (a name per writer: of processes writing one file at once, the last whole one wins)."""
+    (a name per writer: of processes writing one file at once, the last whole one wins). A full
+    disk is one line naming the folder, not the writer's own error (torch's is a C++ assertion)."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.stem}.{os.getpid()}.{secrets.token_hex(4)}.tmp{final.suffix}")
@@ -25,8 +29,21 @@ def atomic_path(final: str | Path) -> Iterator[Path]:
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, final)
+    except Exception as err:
+        if disk_full(err) is None:
+            raise
+        tmp.unlink(missing_ok=True)
+        raise DiskFullError(no_room(final)) from None
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def no_room(path: Path) -> str:
+    """The one line for a write that found the disk full."""
+    free = shutil.disk_usage(path.parent).free / 2**20 if path.parent.is_dir() else 0.0
+    return (f"no space left on the disk holding {path.parent} ({free:.0f} MB free): {path.name} was not "
+            "written and nothing half-written is left; free some space and run the command again "
+            "(a stopped training run goes on with `python -m project resume`)")
 
 
 def write_text(path: str | Path, text: str) -> None:

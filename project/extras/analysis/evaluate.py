@@ -19,6 +19,7 @@ from pathlib import Path
 from project.checkpoints import apply_calibration, check_trained_data_dir, checkpoint_task, read_checkpoint
 from project.cli import ProjectCLI
 from project.common.argv import pop_option
+from project.common.files import write_text
 from project.errors import ProjectError
 from project.extras.analysis.calibration import ensure_temperature
 from project.extras.analysis.predictions import check_mirror_tta, predict_dataset
@@ -111,5 +112,5 @@ def add_probe(probe: Path, report: Path, ckpt: Path) -> None:
         probe_acc, tuned = scores.get(f"{split}_{metric}_probe"), scores.get(f"{split}_{metric}_finetuned")
         if probe_acc is not None:
             lines.append(f"| {split} | {probe_acc:.4f} | {'-' if tuned is None else f'{tuned:.4f}'} |")
-    report.write_text(report.read_text(encoding="utf-8") + "\n".join(lines) + "\n", encoding="utf-8")
+    write_text(report, report.read_text(encoding="utf-8") + "\n".join(lines) + "\n")
     print("\n".join(lines[1:2] + lines[5:]))

@@ -5,6 +5,7 @@ A model that was not loaded back and compared with PyTorch is never left on disk
 
 from __future__ import annotations
 
+import io
 import json
 import warnings
 from collections.abc import Callable
@@ -94,7 +95,9 @@ def export_torchscript(net: nn.Module, path: Path, image_size: int, tolerance: f
     with atomic_path(path) as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.jit is deprecated upstream; still widely deployed
         traced = torch.jit.trace(net, example)
-        traced.save(str(tmp))
+        buffer = io.BytesIO()  # torch's own file writer aborts the process on a full disk
+        torch.jit.save(traced, buffer)
+        tmp.write_bytes(buffer.getvalue())
         loaded = torch.jit.load(str(tmp), map_location="cpu")
         return check_parity("torchscript", net, lambda x: loaded(x).numpy(), image_size, tolerance)
 
@@ -105,6 +108,8 @@ def export_pt2(net: nn.Module, path: Path, image_size: int, tolerance: float = 1
     batch = torch.export.Dim("batch", min=1, max=4096)
     with atomic_path(path) as tmp:
         program = torch.export.export(net, (example,), dynamic_shapes={"x": {0: batch}})
-        torch.export.save(program, str(tmp))
+        buffer = io.BytesIO()  # as TorchScript's: written from Python, a full disk is an OSError
+        torch.export.save(program, buffer)
+        tmp.write_bytes(buffer.getvalue())
         loaded = torch.export.load(str(tmp)).module()
         return check_parity("pt2", net, lambda x: loaded(x).numpy(), image_size, tolerance)

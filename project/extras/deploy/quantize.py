@@ -6,6 +6,9 @@ transforms: the quantized model then sees the same input distribution it will se
 
 from __future__ import annotations
 
+import errno
+import shutil
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -42,8 +45,9 @@ def quantize_int8(fp32_path: Path, int8_path: Path, calibration: Iterable[np.nda
         raise ExportError(f"--calibration_method must be one of {CALIBRATION_METHODS}")
     source = onnx.load(str(fp32_path))
     input_name = source.graph.input[0].name
-    with atomic_path(int8_path) as tmp:
-        prepared = tmp.with_name(tmp.stem + ".prep.onnx")
+    # the pre-processed model and the files ONNX Runtime writes beside it, removed whatever happens
+    with atomic_path(int8_path) as tmp, tempfile.TemporaryDirectory(prefix=".int8-", dir=tmp.parent) as work:
+        prepared = Path(work) / "prepared.onnx"
         try:
             quant_pre_process(str(fp32_path), str(prepared), skip_symbolic_shape=False)
             quantize_static(
@@ -54,8 +58,11 @@ def quantize_int8(fp32_path: Path, int8_path: Path, calibration: Iterable[np.nda
                 activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                 calibrate_method=methods[method],
             )
-        finally:
-            prepared.unlink(missing_ok=True)
+        except Exception as err:  # ONNX Runtime's writers leave a truncated file on a full disk,
+            # and the next step's error is about its contents: less room than a model is the cause
+            if shutil.disk_usage(tmp.parent).free < fp32_path.stat().st_size:
+                raise OSError(errno.ENOSPC, "no space left to quantize", str(tmp.parent)) from err
+            raise
         quantized = onnx.load(str(tmp))
         onnx.helper.set_model_props(
             quantized, {p.key: p.value for p in source.metadata_props} | {"quantization": "int8"}
