@@ -95,6 +95,22 @@ def test_check_images_and_timing_batches_bound_and_state_the_work(calibrated, ti
     assert "on 5 of 20 validation images" in md and "| latency b1 (ms) | latency b4 (ms) |" in md
 
 
+def test_the_export_checks_a_spread_of_the_validation_images_not_the_first_folders(monkeypatch):
+    """--check_images below the validation split: every format's accuracy (and INT8's allowed drop)
+    rests on a seeded choice across the classes, the same on every export."""
+    from types import SimpleNamespace
+
+    from project.data.folders import Sample
+    from project.extras.deploy import export
+
+    monkeypatch.setattr(export, "eval_dataset", lambda dm, samples: samples)
+    val = [Sample(f"{c}/{i}.png", c) for c in range(5) for i in range(20)]  # class folders in order
+    dm = SimpleNamespace(splits=SimpleNamespace(val=val))
+    chosen = export.check_dataset(dm, 20)
+    assert len(chosen) == 20 and {s.label for s in chosen} == set(range(5))
+    assert export.check_dataset(dm, 20) == chosen and export.check_dataset(dm, 500) == dm.splits.val
+
+
 @pytest.mark.parametrize(("option", "value"), [("--check_images", "0"), ("--check_images", "-3"),
                                                ("--timing_batches", "0"), ("--timing_batches", "1,x"),
                                                ("--timing_batches", "1,-32"), ("--repeats", "0")])

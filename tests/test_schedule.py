@@ -13,6 +13,7 @@ from project.model.schedule import (
     DeferredScheduler,
     WarmupCosine,
     global_batch_size,
+    run_lengths,
     scaled_lr,
     unset_lengths,
     warmup_cosine,
@@ -75,6 +76,16 @@ def test_the_run_lengths_go_where_the_scheduler_leaves_them_unset():
     assert opt.param_groups[0]["lr"] == pytest.approx(0.1 / 25)  # OneCycle's start: max_lr / 25
 
 
+def test_an_epoch_is_counted_in_optimiser_steps_under_gradient_accumulation():
+    """``accumulate_grad_batches=K`` (the out-of-memory advice) makes an epoch K times fewer
+    steps: warmup in epochs, epoch-wise cosine and OneCycle's epochs follow it."""
+    from types import SimpleNamespace
+
+    trainer = SimpleNamespace(max_epochs=4, max_steps=-1, estimated_stepping_batches=20,
+                              num_training_batches=10, accumulate_grad_batches=2)
+    assert run_lengths(trainer) == {"total_steps": 20, "steps_per_epoch": 5, "epochs": 4}
+
+
 def test_a_length_in_epochs_is_said_to_count_steps(caplog):
     """StepLR's step_size or MultiStepLR's milestones read as epochs; stepped every optimiser step
     here, they count steps, and the run says so with the epoch's length."""
@@ -100,10 +111,11 @@ def test_lr_scaling_rules(rule, expected):
 ], ids=["warmup_cosine", "one_cycle"])
 def test_a_resume_at_an_epoch_boundary_is_bit_exact(tiny_data, tmp_path, scheduler, caplog):
     """Two epochs straight, and one then a resume from the epoch-1 checkpoint: the same weights
-    (raw and EMA), optimizer state, LRs and momenta, to the bit."""
+    (raw and EMA), optimizer state, LRs and momenta, to the bit. MixUp draws its mixing from
+    torch's generator: the same only if the resume restores it."""
     caplog.set_level("INFO")
     common = ["--trainer.deterministic=true", "--trainer.limit_train_batches=3", f"--config={EMA_PRESET}",
-              *scheduler, *EVERY_EPOCH]
+              "--model.mixup_alpha=0.4", *scheduler, *EVERY_EPOCH]
     a, b, run_a, run_b = straight_and_resumed(fit_args(tiny_data, *common, epochs=2), tmp_path)
     assert a["global_step"] == b["global_step"] == 6
     for state in ("state_dict", "current_model_state"):  # the EMA weights and the raw ones

@@ -201,3 +201,24 @@ def test_files_of_the_wrong_kind_are_one_line_and_leave_nothing(tiny_data, tmp_p
     assert cli(["serve", "--onnx", str(text)], tmp_path) == 2
     assert "is not an ONNX model ONNX Runtime can load" in one_error(capsys.readouterr().err)
     assert not (tmp_path / "logs").exists()
+
+
+def test_macro_f1_weighs_each_class_and_is_not_accuracy():
+    """A model that always answers the majority class: accuracy 0.75, macro F1 far lower."""
+    from project.tasks.single.metrics import StageMetrics
+
+    metrics = StageMetrics("val", ["a", "b", "c"])
+    target = torch.tensor([0, 0, 0, 0, 0, 0, 1, 2])
+    metrics.update(torch.nn.functional.one_hot(torch.zeros(8, dtype=torch.long), 3).float(), target,
+                   torch.tensor(1.0))
+    values = metrics.compute()
+    assert float(values["val/acc"]) == 0.75
+    assert float(values["val/macro_f1"]) == pytest.approx((2 * 0.75 / 1.75) / 3)  # a's F1; b and c: 0
+
+
+def test_confused_pairs_share_is_of_the_true_class():
+    from project.tasks.single.views import confused_pairs
+
+    pairs = confused_pairs(torch.tensor([[8, 2, 0], [0, 0, 0], [3, 0, 1]]), ["a", "b", "c"])
+    assert [(p["true"], p["predicted"], p["count"]) for p in pairs] == [("c", "a", 3), ("a", "b", 2)]
+    assert [p["share_of_true"] for p in pairs] == [0.75, 0.2]  # 3 of c's 4 images; 2 of a's 10
