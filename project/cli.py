@@ -17,7 +17,7 @@ from project.callbacks.guards import Guards
 from project.common.argv import check_renamed, expand_shorthands, pop_option
 from project.common.preprocessing import plain
 from project.data import FolderDataModule
-from project.errors import ConfigError, ProjectError, disk_full
+from project.errors import DISK_FULL_FIX, ConfigError, ProjectError, disk_full
 from project.model import ImageClassifier
 from project.model.backbones import resolve_preprocessing
 
@@ -247,8 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         if full is None:
             raise
         where = f" writing {full.filename}" if full.filename else ""
-        print(f"error: no space left on the disk{where}: free some space and run the command again "
-              "(a stopped training run goes on with `python -m project resume`)", file=sys.stderr)
+        print(f"error: no space left on the disk{where}: {DISK_FULL_FIX}", file=sys.stderr)
         return 2
     finally:
         close_process_group()

@@ -15,6 +15,10 @@ class CheckpointError(ProjectError, ValueError):
     """A checkpoint that is missing, unreadable, or does not fit the data."""
 
 
+DISK_FULL_FIX = ("free some space and run the command again (a stopped training run goes on with "
+                 "`python -m project resume`)")
+
+
 class DiskFullError(ProjectError):
     """A write that found no room (raised by the atomic writer, so nothing half-written is left)."""
 

@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 from project.cli import ProjectCLI
-from project.runs import RunNotFoundError, checkpoints, last_checkpoint, newest_run, run_config
+from project.runs import newest_checkpoint, newest_run, run_config
 
 log = logging.getLogger("project")
 
@@ -27,15 +27,3 @@ def main(argv: list[str]) -> int:
                      *(argv[1:] if explicit else argv)], run_dir=run)
     return 0
 
-
-def newest_checkpoint(run: Path) -> Path:
-    """``last.ckpt``; without it (a disk that filled as it was written), the run's newest other
-    checkpoint: each holds the whole training state of its epoch."""
-    try:
-        return last_checkpoint(run)
-    except RunNotFoundError:
-        saved = sorted(checkpoints(run), key=lambda p: p.stat().st_mtime)
-        if not saved:
-            raise
-        log.info("Notice: %s has no last.ckpt; resuming from its newest checkpoint, %s", run, saved[-1].name)
-        return saved[-1]

@@ -55,6 +55,19 @@ def last_checkpoint(run: Path) -> Path:
     return path
 
 
+def newest_checkpoint(run: Path) -> Path:
+    """``last.ckpt``; without it (a disk that filled as it was written), the run's newest other
+    checkpoint: each holds the whole training state of its epoch (what resume continues)."""
+    try:
+        return last_checkpoint(run)
+    except RunNotFoundError:
+        saved = sorted(checkpoints(run), key=lambda p: p.stat().st_mtime)
+        if not saved:
+            raise
+        log.info("Notice: %s has no last.ckpt; resuming from its newest checkpoint, %s", run, saved[-1].name)
+        return saved[-1]
+
+
 def best_checkpoint(run: Path) -> Path:
     """The checkpoint kept for the best monitored metric (``best-*.ckpt``), else ``last.ckpt``."""
     best = sorted(checkpoints(run, "best-*.ckpt"), key=lambda p: p.stat().st_mtime)

@@ -17,8 +17,7 @@ from PIL import Image
 from project.cli import main
 from project.common.files import atomic_path
 from project.errors import DiskFullError
-from project.resume import newest_checkpoint
-from project.runs import RunNotFoundError
+from project.runs import RunNotFoundError, newest_checkpoint
 from tests.conftest import QUICK, best_ckpt, chdir, cli, fit_args, only_run, scalars
 
 FULL = OSError(errno.ENOSPC, "No space left on device")

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from project.errors import DiskFullError, disk_full
+from project.errors import DISK_FULL_FIX, DiskFullError, disk_full
 
 # the formats training reads (Pillow decodes them all)
 IMAGE_EXTENSIONS = frozenset(
@@ -42,8 +42,7 @@ def no_room(path: Path) -> str:
     """The one line for a write that found the disk full."""
     free = shutil.disk_usage(path.parent).free / 2**20 if path.parent.is_dir() else 0.0
     return (f"no space left on the disk holding {path.parent} ({free:.0f} MB free): {path.name} was not "
-            "written and nothing half-written is left; free some space and run the command again "
-            "(a stopped training run goes on with `python -m project resume`)")
+            f"written and nothing half-written is left; {DISK_FULL_FIX}")
 
 
 def write_text(path: str | Path, text: str) -> None:
