@@ -83,14 +83,24 @@ def main(argv: list[str]) -> int:
     apply_calibration(model, ckpt)  # Lightning loaded the weights alone; T lives beside them
     samples = predict_dataset(model, dm.datasets["test"], dm.batch_size, model.device,
                               mirrored=a.tta == "hflip")
-    model.task.write_report(model, model.results["test"], str(ckpt), Path(ckpt).parent, samples,
+    out_dir = Path(ckpt).parent
+    before = modified_times(out_dir)
+    model.task.write_report(model, model.results["test"], str(ckpt), out_dir, samples,
                             dm.datasets["test"], a.top, a.target_acc)
     skipped = dm.datasets["test"].skipped_paths() if hasattr(dm.datasets["test"], "skipped_paths") else []
     if skipped:
         print(f"Notice: {len(skipped)} test images could not be decoded and are not scored "
               f"(first: {skipped[0]}; python -m project check-data lists them)")
-    add_probe(run / "probe.json", Path(ckpt).parent / "report.md", ckpt)
+    add_probe(run / "probe.json", out_dir / "report.md", ckpt)
+    written = sorted(name for name, when in modified_times(out_dir).items() if before.get(name) != when)
+    others = [name for name in written if name != "report.md"]
+    print(f"\nReport: {out_dir / 'report.md'}" + (f" (and {', '.join(others)})" if others else ""))
     return 0
+
+
+def modified_times(folder: Path) -> dict[str, int]:
+    """Each file's modification time: what a task's report wrote is listed for every task alike."""
+    return {p.name: p.stat().st_mtime_ns for p in folder.iterdir() if p.is_file()} if folder.is_dir() else {}
 
 
 def add_probe(probe: Path, report: Path, ckpt: Path) -> None:

@@ -99,5 +99,4 @@ def write_multilabel_report(result: dict, names: list[str], checkpoint: str, out
     print("\n".join(lines[4:4 + len(SUMMARY) + 3]))
     print("\nWorst labels by AP: " + ", ".join(f"{r['label']} {r['ap']:.3f}" for r in labels[:3]
                                                if r["ap"] is not None))
-    print(f"Report: {out_dir / 'report.md'} (and report.json, mistakes.csv, error_cooccurrence.png)")
     return report

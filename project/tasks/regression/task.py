@@ -142,7 +142,7 @@ class Regression(Task):
         lines += ["\n![residuals](residuals.png)\n", "Every test image, largest error first: mistakes.csv"]
         write_text(out_dir / "report.md", "\n".join(lines) + "\n")
         write_text(out_dir / "report.json", json.dumps(report, indent=2))
-        print("\n".join(lines[1:3 + len(outputs)]) + f"\nReport: {out_dir / 'report.md'}")
+        print("\n".join(lines[1:3 + len(outputs)]))
         return report
 
 

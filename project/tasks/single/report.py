@@ -121,7 +121,6 @@ def write_report(result: dict, class_names: list[str], checkpoint: str, out_dir:
     print(f"Abstaining: accuracy {best['accuracy']:.4f} (target {target_acc:.3g}) on {best['coverage']:.1%} "
           f"of the test images with --min_confidence {best['min_confidence']:.4f}" if best else
           f"Abstaining: the target accuracy {target_acc:.3g} is not reached at any confidence threshold")
-    print(f"\nReport: {out_dir / 'report.md'} (and {', '.join(sorted(files | {'report.json'}))})")
     return report
 
 
