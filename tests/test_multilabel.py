@@ -15,7 +15,7 @@ import torch
 
 from project.checkpoints import load_model, read_checkpoint
 from project.data.folders import DataFolderError, Sample
-from project.data.splits import iterative_split
+from project.data.splits import multi_hot_split
 from project.data.tables import discover_table
 from project.extras.deploy.export import export_checkpoint
 from project.extras.deploy.exporters import ExportError
@@ -274,18 +274,22 @@ def test_check_data_lists_images_that_no_row_names(multilabel_data, tmp_path, ca
     assert out.count("training leaves it out") == 20 and "img/119.png" in out
 
 
-def test_the_multilabel_split_keeps_every_label_share_and_copies_together():
+def test_the_multilabel_split_keeps_every_label_share_copies_together_and_is_stable():
     rng = np.random.default_rng(0)
     labels = (rng.random((400, 6)) < [0.5, 0.3, 0.2, 0.1, 0.05, 0.02]).astype(int)
     samples = [Sample(f"{i}.png", tuple(int(v) for v in row)) for i, row in enumerate(labels)]
     groups = [i - i % 2 if i < 40 else i for i in range(400)]  # the first 40 files in identical pairs
-    keep, held = iterative_split(samples, 0.25, seed=0, groups=groups)
-    assert len(keep) + len(held) == 400 and abs(len(held) - 100) <= 3
-    held_counts = np.array([s.label for s in held]).sum(0)
+    keep, held = multi_hot_split(samples, 0.25, seed=0, groups=groups)
+    assert len(keep) + len(held) == 400 and abs(len(held) - 100) <= 35  # 4 standard deviations
+    held_counts, kept_counts = (np.array([s.label for s in side]).sum(0) for side in (held, keep))
     for label, total in enumerate(labels.sum(0)):
-        assert abs(held_counts[label] - total / 4) <= 1.5, (label, held_counts[label], total)
+        assert abs(held_counts[label] - total / 4) <= 4 * (total * 3 / 16) ** 0.5 + 1, (label, total)
+        assert held_counts[label] >= 1 and kept_counts[label] >= 1  # every label on both sides
     side = {s.path: 0 for s in keep} | {s.path: 1 for s in held}
     assert all(side[f"{i}.png"] == side[f"{i + 1}.png"] for i in range(0, 40, 2))
+    fewer = [(s, g) for s, g in zip(samples, groups, strict=True) if int(s.path[:-4]) % 10 != 3]
+    keep, held = multi_hot_split([s for s, _ in fewer], 0.25, seed=0, groups=[g for _, g in fewer])
+    assert {s.path: 0 for s in keep} | {s.path: 1 for s in held} == {s.path: side[s.path] for s, _ in fewer}
 
 
 def test_multilabel_scores_on_six_labels():

@@ -92,42 +92,34 @@ def stratified_split(samples: list[Sample], fraction: float, seed: int,
     return keep, held
 
 
-def iterative_split(samples: list[Sample], fraction: float, seed: int,
+def multi_hot_split(samples: list[Sample], fraction: float, seed: int,
                     groups: list[int] | None = None) -> tuple[list[Sample], list[Sample]]:
-    """The multi-label split: iterative stratification (Sechidis et al., 2011). The rarest label
-    is dealt first, each of its units to the side that still wants most of that label, so every
-    label keeps about ``fraction`` of its images aside; whole units of identical files at a time."""
-    rng = np.random.default_rng(seed)
+    """The split of multi-hot labels (multi-label; multi-output as one-hot per column) by the draws
+    of :func:`stratified_split`, so editing other rows never moves an image: a unit goes aside when
+    its draw is below ``fraction``; then each label on two or more units that none drew aside
+    gives its lowest draw, and each label keeps its highest draw for training (a label on one
+    unit: that one). A label's share is the fraction on average, as a class's."""
     groups = groups if groups is not None else list(range(len(samples)))
     members: dict[int, list[int]] = {}
     for i, g in enumerate(groups):
         members.setdefault(g, []).append(i)
     units = list(members.values())
+    if not units:
+        return [], []
+    keys = file_keys([s.path for s in samples])
+    draws = np.array([max(draw(keys[i], seed) for i in u) for u in units])
     has = np.array([np.max([samples[i].label for i in u], axis=0) for u in units], dtype=bool)
-    sizes = np.array([len(u) for u in units], dtype=float)
-    share = np.array([1 - fraction, fraction])
-    wanted_label = share[:, None] * has.sum(0)[None, :]  # (side, label)
-    wanted_total = share * sizes.sum()
-    side = np.where(has.any(1), -1, -2)  # -1: to deal by label; -2: no label, by size at the end
-    while (side == -1).any():
-        left = has & (side == -1)[:, None]
-        counts = left.sum(0)
-        label = int(np.argmin(np.where(counts > 0, counts, np.iinfo(int).max)))
-        for u in rng.permutation(np.flatnonzero(left[:, label])):
-            want = wanted_label[:, label]
-            best = np.flatnonzero(want == want.max())
-            if len(best) > 1:
-                best = best[wanted_total[best] == wanted_total[best].max()]
-            s = int(rng.choice(best))
-            side[u] = s
-            wanted_label[s] -= has[u]
-            wanted_total[s] -= sizes[u]
-    for u in np.flatnonzero(side == -2):  # images without labels: by size alone
-        s = int(np.argmax(wanted_total))
-        side[u] = s
-        wanted_total[s] -= sizes[u]
-    keep = [samples[i] for u in range(len(units)) if side[u] == 0 for i in units[u]]
-    held = [samples[i] for u in range(len(units)) if side[u] == 1 for i in units[u]]
+    aside = draws < fraction
+    for label in range(has.shape[1]):
+        on = np.flatnonzero(has[:, label])
+        if fraction > 0 and len(on) >= 2 and not aside[on].any():
+            aside[on[np.argmin(draws[on])]] = True
+    for label in range(has.shape[1]):  # after: a class with no training image cannot be learned
+        on = np.flatnonzero(has[:, label])
+        if len(on) and aside[on].all():
+            aside[on[np.argmax(draws[on])]] = False
+    keep = [samples[i] for u, unit in enumerate(units) if not aside[u] for i in unit]
+    held = [samples[i] for u, unit in enumerate(units) if aside[u] for i in unit]
     return keep, held
 
 

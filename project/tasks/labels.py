@@ -126,6 +126,10 @@ def split_labels(cell: str, several: bool, separator: str) -> list[str]:
     any whitespace), the column's :func:`label_separator`. ``NaN`` is a missing value (a data
     frame's, written out as text), never a class."""
     if not several:
-        return [cell.strip()] if cell.strip() and cell.strip().lower() != "nan" else []
-    return [n.strip() for n in (cell.split(";") if separator == ";" else cell.split())
-            if n.strip() and n.strip().lower() != "nan"]
+        return [] if blank(cell) else [cell.strip()]
+    return [n.strip() for n in (cell.split(";") if separator == ";" else cell.split()) if not blank(n)]
+
+
+def blank(cell: str | None) -> bool:
+    """An empty cell, or ``NaN`` (a data frame's missing value, written out as text): never a class."""
+    return not (cell or "").strip() or (cell or "").strip().lower() == "nan"

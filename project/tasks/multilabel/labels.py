@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 from project.data.samples import Sample
-from project.data.splits import iterative_split, split_off
+from project.data.splits import multi_hot_split, split_off
 from project.tasks.labels import (
     INDICATOR,
     Labels,
@@ -82,5 +82,5 @@ class SeveralClasses(Labels):
 
     def split(self, train: list[Sample], test: list[Sample] | None, val_fraction: float,
               test_fraction: float, seed: int, folder) -> tuple[list[Sample], ...]:
-        """Iterative stratification: every label keeps its share in each split."""
-        return split_off(train, test, val_fraction, test_fraction, seed, folder, iterative_split)
+        """Each image by its own draw, stable under edits (:func:`multi_hot_split`)."""
+        return split_off(train, test, val_fraction, test_fraction, seed, folder, multi_hot_split)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from project.data.samples import Sample
-from project.data.splits import iterative_split, split_off
-from project.tasks.labels import Labels, Row, mostly_numbers, unknown_in_evaluation
+from project.data.splits import multi_hot_split, split_off
+from project.tasks.labels import Labels, Row, blank, mostly_numbers, unknown_in_evaluation
 from project.tasks.multioutput import SEP
 from project.tasks.multioutput.answers import ClassPerColumn, clashes
 
@@ -26,12 +26,13 @@ class ClassColumns(Labels):
         return list(cells) or None
 
     def read(self, row: dict[str, str]) -> tuple[object, str | None]:
-        values = tuple((row.get(c) or "").strip() for c in self.columns)
+        values = tuple("" if blank(row.get(c)) else row[c].strip() for c in self.columns)
         if not any(values):
             return None, None  # an unlabeled image
         empty = [c for c, v in zip(self.columns, values, strict=True) if not v]
         if empty:
-            return None, f"'{(row.get('image') or '').strip()}' has no class in column '{empty[0]}'"
+            image = (row.get("image") or "").strip()
+            return None, f"'{image}' has no class in column '{empty[0]}' (a blank or NaN cell)"
         return values, None
 
     def check(self, rows: list[Row]) -> list[str]:
@@ -69,10 +70,11 @@ class ClassColumns(Labels):
 
     def split(self, train: list[Sample], test: list[Sample] | None, val_fraction: float,
               test_fraction: float, seed: int, folder: Path) -> tuple[list[Sample], ...]:
-        """Iterative stratification over every column's classes at once."""
+        """Each image by its own draw, stable under edits: :func:`multi_hot_split` on each column's
+        classes."""
         sizes = [max(s.label[j] for s in train) + 1 for j in range(len(self.columns))] if train else []
         hot = [Sample(s.path, tuple(int(s.label[j] == k) for j, n in enumerate(sizes) for k in range(n)))
                for s in train]
         original = {s.path: s for s in train}
-        parts = split_off(hot, test, val_fraction, test_fraction, seed, folder, iterative_split)
+        parts = split_off(hot, test, val_fraction, test_fraction, seed, folder, multi_hot_split)
         return tuple([original.get(s.path, s) for s in part] for part in parts)
