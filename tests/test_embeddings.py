@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from project.extras.embeddings import cache as cache_module
@@ -57,8 +58,12 @@ def test_a_cache_of_another_network_is_not_reused(data, trained_run, tmp_path, c
     assert embed(data, trained_run, tmp_path) == 0
     capsys.readouterr()
     before = forwarded()
-    last = trained_run / "checkpoints" / "last.ckpt"
-    assert cli(["embed", str(data), "--ckpt_path", str(last), "--cache", str(tmp_path / "cache")],
+    other = tmp_path / "other.ckpt"  # the run's weights changed by a step (last.ckpt may be the best)
+    checkpoint = torch.load(best_ckpt(trained_run), map_location="cpu", weights_only=False)
+    first = next(iter(checkpoint["state_dict"]))
+    checkpoint["state_dict"][first] = checkpoint["state_dict"][first] + 1e-3
+    torch.save(checkpoint, other)
+    assert cli(["embed", str(data), "--ckpt_path", str(other), "--cache", str(tmp_path / "cache")],
                tmp_path) == 0
     assert forwarded() - before == len(list(data.rglob("*.png")))
     assert "another network" in capsys.readouterr().err
