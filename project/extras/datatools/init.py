@@ -221,6 +221,7 @@ def choices(found: Survey, weights: str | None, backbone: str, name: str,
     elif found.labels_per_image > 1.2:
         out.append(("model.input.crop_ratio", 1.0, f"{found.labels_per_image:.1f} labels per image: what "
                     "sits at the border counts too (configs/presets/tiles.yaml)"))
+    out = with_eval_crop_in_scale(out, backbone, weights)
     out.append(("data.augmentation.hflip", 0.5, "kept, but check: nothing in the images says whether a "
                 "mirrored one is still its class (digits, text: 0.0)"))
     out.append(("data.data_dir", found.data_dir, "init's DATA"))
@@ -234,6 +235,23 @@ def choices(found: Survey, weights: str | None, backbone: str, name: str,
             out.append(("data.test_fraction", 0.15, "the test set for evaluate, split off the same way"))
     out += balance(found)
     return out
+
+
+def with_eval_crop_in_scale(out: list[tuple[str, object, str]], backbone: str,
+                            weights: str | None) -> list[tuple[str, object, str]]:
+    """A ``crop_scale`` chosen here reaches down to the share of the image evaluation's center crop
+    keeps: else every fit would warn that objects look another size in evaluation."""
+    from project.model.backbones import resolve_preprocessing
+
+    picked = {key: value for key, value, _ in out}
+    scale = picked.get("data.augmentation.crop_scale")
+    ratio = picked.get("model.input.crop_ratio") or resolve_preprocessing(
+        backbone, weights, Input(size=None)).crop_ratio
+    if scale is None or scale[0] <= ratio ** 2:
+        return out
+    low = int(ratio ** 2 * 100) / 100
+    return [(key, [low, scale[1]], f"{why}, from {low:g}: the share evaluation's center crop keeps")
+            if key == "data.augmentation.crop_scale" else (key, value, why) for key, value, why in out]
 
 
 def lr_choice(found: Survey, base: float, why: str) -> tuple[str, object, str]:
