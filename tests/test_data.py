@@ -335,3 +335,35 @@ def test_a_data_dir_starting_with_a_tilde_is_the_home_folder(tiny_data, tmp_path
     shutil.copytree(tiny_data, tmp_path / "photos")
     dm = FolderDataModule("~/photos", num_workers=0, cache="none")
     assert dm.class_names == CLASSES and dm.hparams.data_dir == str(tmp_path / "photos")
+
+
+def test_a_table_as_spreadsheets_and_macs_write_it_reads_like_one_written_by_hand(tiny_data, tmp_path):
+    """An ``Image`` header, CRLF line ends, a spreadsheet's trailing ``,,`` rows, and names in NFD
+    (macOS) over files named in NFC: the same table, not an error."""
+    import unicodedata
+
+    from project.data.tables import discover_table
+
+    data = tmp_path / "d"
+    (data / "img").mkdir(parents=True)
+    rows = []
+    for k, image in enumerate(sorted((tiny_data / "train").rglob("*.png"))[:16]):
+        name = unicodedata.normalize("NFC", f"café {k:02d}.png")
+        shutil.copy(image, data / "img" / name)
+        rows.append(f"img/{unicodedata.normalize('NFD', name)},{image.parent.name}")
+    (data / "labels.csv").write_bytes(("Image,label\r\n" + "\r\n".join(rows) + "\r\n,\r\n,\r\n").encode())
+    found = discover_table(data / "labels.csv", data)
+    every = [s.path for part in (found.train, found.val, found.test) for s in part]
+    assert len(every) == 16 and all(Path(p).is_file() for p in every)
+    assert found.classes == ["checker", "circle"]
+
+
+def test_class_names_alike_but_for_case_spaces_or_leading_zeros_are_a_notice(caplog):
+    import logging
+
+    from project.data.folders import notice_similar_classes
+
+    with caplog.at_level(logging.WARNING, logger="project"):
+        notice_similar_classes(["zone=01", "zone=1", "zone=10", "zone=100", "Cat", "cat", "0", "00"])
+    assert caplog.messages == ["Notice: 'zone=01' and 'zone=1'; 'Cat' and 'cat'; '0' and '00' are different "
+                               "classes; merge them if they are one"]

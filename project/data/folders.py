@@ -3,6 +3,7 @@ that say the fix."""
 
 import logging
 import os
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -78,10 +79,11 @@ def notice_left_out(left_out: dict[str, int], data_dir: str) -> None:
 
 
 def notice_similar_classes(names: list[str]) -> None:
-    """A notice when class names differ only in case or spaces ('Cat' and 'cat'): two classes."""
+    """A notice when class names differ only in case, spaces or leading zeros ('Cat' and 'cat',
+    '01' and '1', as a spreadsheet re-saves codes): two classes."""
     groups: dict[str, list[str]] = {}
     for name in names:
-        groups.setdefault(" ".join(name.casefold().split()), []).append(name)
+        groups.setdefault(re.sub(r"\b0+(\d)", r"\1", " ".join(name.casefold().split())), []).append(name)
     similar = [" and ".join(f"'{n}'" for n in group) for group in groups.values() if len(group) > 1]
     if similar:
         log.warning("Notice: %s are different classes; merge them if they are one", "; ".join(similar))

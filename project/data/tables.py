@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import logging
 import os
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,6 +119,22 @@ def not_found_fix(image: str, table_dir: Path) -> str:
     return ""
 
 
+def empty_row(row: dict) -> bool:
+    """A row of empty cells (``,,,``: a spreadsheet's trailing rows), skipped as a blank line is."""
+    cells = [v for k, v in row.items() if k is not None] + list(row.get(None) or [])
+    return not any((v or "").strip() for v in cells)
+
+
+def unicode_twin(root: Path, image: str) -> str:
+    """``image`` as the disk spells it where the two differ in Unicode form alone (a table written on
+    macOS names ``café.jpg`` in NFD, most disks hold it in NFC)."""
+    for form in ("NFC", "NFD"):
+        other = unicodedata.normalize(form, image)
+        if other != image and (root / other).is_file():
+            return other
+    return image
+
+
 def read_table(path: str | Path, data_dir: str | Path, unlabeled_ok: bool = False,
                task: str = "auto") -> Table:
     """Every row of the table with its problems (a missing image, a repeated image, an unknown
@@ -132,9 +149,9 @@ def read_table(path: str | Path, data_dir: str | Path, unlabeled_ok: bool = Fals
         with open(table.path, newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f)
             columns = [c.strip() for c in reader.fieldnames or []]
-            columns = ["split" if c.lower() == "split" else c for c in columns]  # Split, SPLIT
+            columns = [c.lower() if c.lower() in OWN_COLUMNS else c for c in columns]  # Image, SPLIT
             reader.fieldnames = columns
-            raw = list(enumerate(reader, start=2))
+            raw = [(line, row) for line, row in enumerate(reader, start=2) if not empty_row(row)]
     except UnicodeDecodeError as err:  # a binary file, or another encoding
         table.problems.append(f"{path} is not a text table in UTF-8 ({err.reason} at byte {err.start}); "
                               "save it as CSV in UTF-8")
@@ -173,6 +190,8 @@ def read_table(path: str | Path, data_dir: str | Path, unlabeled_ok: bool = Fals
         if not image:
             problem("no image path")
             continue
+        if not (root / image).is_file():
+            image = unicode_twin(root, image)
         same = os.path.abspath(root / image)  # ./a.jpg and a.jpg: one image, in one split
         if same in first_line:
             problem(f"'{image}' is listed again (first on line {first_line[same]}); one row per image")
