@@ -9,7 +9,7 @@ import warnings
 from pathlib import Path
 
 import torch
-from jsonargparse import Namespace
+from jsonargparse import ArgumentError, Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
@@ -55,8 +55,22 @@ class ProjectCLI(LightningCLI):
                          save_config_kwargs={"overwrite": True}, trainer_defaults=defaults,
                          auto_configure_optimizers=False, args=args, run=run)
 
+    def init_parser(self, **kwargs):
+        """A parser that raises on a refused argument: one line from :func:`main`, not its usage."""
+        parser = super().init_parser(exit_on_error=False, **kwargs)
+        self.parsers = [*getattr(self, "parsers", []), parser]
+        return parser
+
     def parse_arguments(self, parser, args) -> None:
-        super().parse_arguments(parser, args)
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as err:
+            from project.common.arg_errors import one_line
+
+            command = next((a for a in (sys.argv[1:] if args is None else args) if a in LIGHTNING), "fit")
+            keys = [k.removeprefix(f"{command}.") for p in getattr(self, "parsers", [parser])
+                    for k in p.get_defaults().keys()]  # noqa: SIM118 (its keys: nested, dotted)
+            raise ConfigError(one_line(str(err), keys, command)) from None
         sub = self.config.get("subcommand")
         # what the config and command line ask of the model, before Lightning lays a checkpoint's
         # hyperparameters over it (checked in before_instantiate_classes)

@@ -137,8 +137,9 @@ def one_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs:
     """LightningCLI's parser, built once and kept (a third of what a refused setting costs)."""
     if "fit" not in PARSERS:
         SETUP_PARSER(self, add_subcommands, main_kwargs, subparser_kwargs)
-        PARSERS["fit"] = self.parser, self._subcommand_method_arguments, self._subcommand_parsers
-    self.parser, self._subcommand_method_arguments, self._subcommand_parsers = PARSERS["fit"]
+        PARSERS["fit"] = (self.parser, self._subcommand_method_arguments, self._subcommand_parsers,
+                          self.parsers)
+    self.parser, self._subcommand_method_arguments, self._subcommand_parsers, self.parsers = PARSERS["fit"]
 
 
 SETUP_PARSER = ProjectCLI.setup_parser

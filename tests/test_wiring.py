@@ -207,3 +207,16 @@ def test_a_val_metric_from_training_batches_fails_the_run_in_one_line(tiny_data,
     assert cli(["fit", *fit_args(tiny_data, *QUICK, epochs=1)], tmp_path) == 2
     error = one_error(capsys.readouterr().err)
     assert "metric 'val/train_acc' is logged in training: val/ names hold what validation data" in error
+
+
+@pytest.mark.parametrize(("arg", "says"), [
+    ("--data.labls=x.csv", "no such key: --data.labls (did you mean --data.labels?)"),
+    ("--model.input.size=abc", "model.input.size=abc is not valid: it takes an integer or null"),
+    ("--data.cache=disk", "data.cache=disk is not valid: it takes one of none, memory, auto"),
+    ("--model.head.kind=conv", "model.head.kind=conv is not valid: it takes one of linear, mlp"),
+])
+def test_an_argument_the_parser_refuses_is_one_line_not_its_usage(arg, says, tmp_path, capsys):
+    assert cli(["fit", "--config", str(REPO / "configs" / "train.yaml"), arg], tmp_path) == 2
+    err = capsys.readouterr().err
+    assert one_error(err) == f"error: {says}; python -m project fit --help lists every key"
+    assert len(err.splitlines()) == 1 and "usage:" not in err
