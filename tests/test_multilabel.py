@@ -353,3 +353,33 @@ def test_the_server_answers_a_multilabel_model_with_the_labels_above_their_thres
     row = api.encode_response(api.predict(api.decode_request(request)))["predictions"][0]
     expected = predict_files(load_model(ckpt), [str(path)])[0]
     assert row["predicted"] == expected["predicted"] and row["top1_prob"] == expected["top1_prob"]
+
+
+def test_a_label_at_its_threshold_is_answered_and_scored_alike():
+    """Answers (predict, infer.py, serve) and metrics (evaluate) cut at 'at or above' both."""
+    from project.common.predictions import top_k_row
+    from project.tasks.multilabel.metrics import decisions
+
+    assert top_k_row("p", np.array([0.5, 0.2]), ["a", "b"], 2, np.array([0.5, 0.5]))["predicted"] == "a"
+    assert decisions(torch.tensor([[0.5, 0.49]]), torch.tensor([0.5, 0.5])).tolist() == [[1, 0]]
+
+
+def test_thresholds_loaded_from_a_checkpoint_reach_the_metrics_that_use_them():
+    from project.tasks.multilabel.task import MultiLabel
+
+    task = MultiLabel(["a", "b", "c"])
+    metrics = task.stage_metrics("test")
+    task.load_state({"thresholds": [0.3, 0.4, 0.6]})
+    assert metrics.thresholds.tolist() == pytest.approx([0.3, 0.4, 0.6])
+
+
+def test_the_per_label_rows_and_the_macro_f1_are_what_they_are_named():
+    from project.tasks.multilabel.report import label_rows
+
+    probs = torch.tensor([[0.9, 0.1], [0.8, 0.9], [0.1, 0.8]])  # label a: tp 1, fp 1; b: tp 1, fn 1
+    targets = torch.tensor([[1, 1], [0, 1], [0, 0]])
+    rows = {r["label"]: r for r in label_rows(probs, targets, torch.tensor([0.5, 0.5]), ["a", "b"])}
+    assert (rows["a"]["precision"], rows["a"]["recall"]) == (0.5, 1.0)
+    assert (rows["b"]["precision"], rows["b"]["recall"]) == (0.5, 0.5)
+    values = scores(probs, targets, torch.tensor([0.5, 0.5]))
+    assert float(values["f1"]) == pytest.approx((2 / 3 + 0.5) / 2)  # macro: each label's F1, averaged

@@ -285,3 +285,43 @@ def test_balanced_class_weights_weigh_each_column_s_classes(shape_colour_data):
     weighted = model.loss(logits, target)
     model.hparams.class_weights = None  # read when the loss is computed
     assert float(weighted) != pytest.approx(float(model.loss(logits, target)))
+
+
+def test_each_column_answers_from_its_own_softmax_and_is_unsure_when_any_column_is():
+    """predict, infer.py and serve share this answerer, so their parity cannot see a slip in it."""
+    from project.tasks.answers import answers
+
+    names = ["shape=a", "shape=b", "colour=x", "colour=y"]
+    answer = answers(names, {"answers": "project.tasks.multioutput.answers:ClassPerColumn"})
+    logits = np.array([[0.0, 0.1, 5.0, 0.0], [3.0, 0.0, 0.0, 3.0]])
+    scores = answer.scores(logits)
+    for part in (slice(0, 2), slice(2, 4)):  # each column's probabilities: its own softmax
+        expected = np.exp(logits[:, part]) / np.exp(logits[:, part]).sum(1, keepdims=True)
+        assert np.allclose(scores[:, part], expected)
+    first, second = answer.rows_from_scores(["p", "q"], scores, min_confidence="0.9")
+    assert first["unsure"] is True and first["predicted"] == "unsure"  # shape unsure, colour sure
+    assert second["unsure"] is False and second["predicted"] == "a;y"
+    per_class = answer.rows_from_scores(["p"], scores[:1], min_confidence="shape=b=0.9,0")[0]
+    assert per_class["unsure"] is True  # shape=b answered at 0.52, below its own 0.9
+
+
+def test_a_column_s_accuracy_counts_images_not_classes():
+    """val/per_column/acc (and the monitored mean): plain accuracy, as single-label's val/acc."""
+    from project.tasks.multioutput.task import ColumnMetrics, MultiOutput
+
+    task = MultiOutput(["s=a", "s=b", "c=x", "c=y"])
+    metrics = ColumnMetrics("val", task)
+    target = torch.tensor([[0, 0], [0, 1], [0, 0], [1, 1]])  # s: three of a right, the b wrong
+    logits = torch.tensor([[5.0, 0, 5, 0], [5, 0, 0, 5], [5, 0, 5, 0], [5, 0, 0, 5]])
+    metrics.update(logits, target, torch.tensor(0.0))
+    values = metrics.compute()
+    assert float(values["val/per_column/acc/s"]) == pytest.approx(0.75)  # balanced: 0.5
+    assert float(values["val/acc"]) == pytest.approx((0.75 + 1.0) / 2)
+
+
+def test_a_one_class_column_is_judged_on_the_training_rows(shape_colour_data, tmp_path):
+    rows = (shape_colour_data / "labels.csv").read_text().splitlines()
+    table = tmp_path / "split.csv"  # val's colour is red in every row; training's varies: fine
+    body = [f"{r},train" for r in rows[1:61]] + [f"{r.rsplit(',', 1)[0]},red,val" for r in rows[61:]]
+    table.write_text("image,shape,colour,split\n" + "\n".join(body) + "\n")
+    assert discover_table(table, shape_colour_data).task == "multioutput"

@@ -257,3 +257,12 @@ def test_serve_draws_no_heat_map_for_numbers(regression_run, count_data):
     image = sorted((count_data / "img").glob("*.png"))[0]
     row = api.encode_response(api.predict(api.decode_request(Form(file=[Upload(image)], cam="1"))))
     assert "cam" not in row["predictions"][0] and "count" in row["predictions"][0]
+
+
+def test_the_answers_undo_the_training_scale():
+    """predict, infer.py and serve share this answerer: their parity cannot see it scaled wrong."""
+    from project.tasks.answers import answers
+
+    answer = answers(["v"], {"answers": "project.tasks.regression.answers:Values", "target_mean": [10.0],
+                             "target_std": [2.0]})
+    assert answer.scores(np.array([[1.0], [-0.5]]))[:, 0].tolist() == [12.0, 9.0]
