@@ -373,3 +373,60 @@ def test_infer_refuses_a_text_file_and_an_empty_folder_in_one_line(exported, tmp
         assert infer_main([str(exported / "model.onnx"), str(bad), "--output", str(out)]) == 2
         assert said in one_error(capsys.readouterr().err)
         assert not (tmp_path / "preds.csv").exists()
+
+
+def test_the_export_checks_keep_their_limits(monkeypatch):
+    """Parity past its tolerance, an INT8 file worse by more than its allowed share (a lower-is-
+    better metric too), infer.py's pixels a few values off evaluation's: each stops the export."""
+    from project.common.preprocessing import Preprocessing
+    from project.errors import ProjectError
+    from project.extras.deploy import infer
+    from project.extras.deploy.export import _check_int8_accuracy, check_infer_preprocessing
+    from project.extras.deploy.exporters import ExportError, check_parity
+
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 2)).eval()
+    assert check_parity("same", net, lambda x: net(x).numpy() + 5e-5, 8, 1e-4) <= 1e-4
+    with pytest.raises(ExportError, match="max |difference|"):
+        check_parity("off", net, lambda x: net(x).numpy() + 5e-4, 8, 1e-4)
+    for int8, refused in ((1.5, True), (1.04, False), (0.9, False)):  # val_mae, FP32's 1.0, 5 % allowed
+        rows = {"onnx": {"val_mae": 1.0}, "int8": {"val_mae": int8}}
+        if refused:
+            with pytest.raises(ExportError, match="INT8 val_mae"):
+                _check_int8_accuracy(rows, 0.05, Path("never-written"), "val_mae", "min")
+        else:
+            _check_int8_accuracy(rows, 0.05, Path("never-written"), "val_mae", "min")
+    pre = Preprocessing(32)
+    check_infer_preprocessing(pre, None, None)
+    original = infer.preprocess  # three pixel values brighter: a resize or filter slightly off
+    monkeypatch.setattr(infer, "preprocess",
+                        lambda rgb, p: original(rgb, p) + (3 / 255) / np.reshape(p.std, (3, 1, 1)))
+    with pytest.raises(ProjectError, match="infer.py prepares images otherwise"):
+        check_infer_preprocessing(pre, None, None)
+
+
+def test_serve_answers_a_calibrated_model_as_predict_does_and_tta_uses_the_mirror(calibrated, tiny_data):
+    """At T=2.5 a temperature applied twice, or not at all, changes every probability; ``--tta
+    hflip`` averages each image with its mirror, not with itself."""
+    import base64
+
+    from project.data.datasets import ImageDataset
+    from project.data.samples import Sample
+    from project.data.transforms import eval_transforms
+    from project.extras.analysis.predictions import predict_dataset
+    from project.extras.deploy.predict import predict_files
+    from project.extras.deploy.serve import ClassifierAPI
+
+    model = load_model(calibrated)
+    paths = sorted(str(p) for p in (tiny_data / "test").rglob("*.png"))[:3]
+    rows = predict_files(model, paths)
+    api = ClassifierAPI(calibrated, None)
+    api.setup("cpu")
+    for path, row in zip(paths, rows, strict=True):
+        request = {"raw": base64.b64encode(Path(path).read_bytes()).decode()}
+        served = api.encode_response(api.predict(api.decode_request(request)))["predictions"][0]
+        assert float(served["confidence"]) == pytest.approx(float(row["confidence"]), abs=1e-5)
+    dataset = ImageDataset([Sample(p, 0) for p in paths], eval_transforms(model.preprocessing))
+    out = predict_dataset(model, dataset, 3, "cpu", mirrored=True)
+    both = (out["logits"].double() / 2.5).softmax(-1) + (out["mirrored"].double() / 2.5).softmax(-1)
+    mirrored = [float(r["confidence"]) for r in predict_files(model, paths, tta=True)]
+    assert mirrored == pytest.approx((both / 2).max(-1).values.tolist(), abs=1e-5)

@@ -208,6 +208,7 @@ def test_the_answer_policy_travels_in_the_checkpoint_and_the_onnx_file(trained_r
 
     ckpt = read_checkpoint(best_ckpt(trained_run))
     ckpt["hyper_parameters"]["min_confidence"] = "0.999999"  # as --model.min_confidence stores it
+    ckpt["hyper_parameters"]["input"]["interpolation"] = "bicubic"  # the resize travels with the model too
     torch.save(ckpt, tmp_path / "strict.ckpt")
     model = load_model(tmp_path / "strict.ckpt")
     paths = sorted(str(p) for p in (tiny_data / "test").rglob("*.png"))[:4]
@@ -216,6 +217,7 @@ def test_the_answer_policy_travels_in_the_checkpoint_and_the_onnx_file(trained_r
     export_checkpoint(tmp_path / "strict.ckpt", tmp_path / "export", ["onnx"], repeats=1)
     onnx_model = OnnxClassifier(tmp_path / "export" / "model.onnx")
     assert all(r["unsure"] for r in classify(onnx_model, paths))
+    assert onnx_model.preprocessing.interpolation == "bicubic"  # infer.py and serve --onnx resize as it
     with pytest.raises(ConfigError, match="model.min_confidence: .*'cow' is not a class"):
         ImageClassifier(num_classes=5, weights=None, input=32, min_confidence="cow=0.5")
 
