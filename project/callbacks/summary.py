@@ -44,8 +44,7 @@ class RunSummary(Callback):
             if isinstance(logger, TensorBoardLogger):  # the HPARAMS table's metric columns
                 from torch.utils.tensorboard.summary import hparams
 
-                columns = pl_module.summary_metrics
-                for summary in hparams(params, dict.fromkeys(columns, 0.0)):
+                for summary in hparams(params, dict.fromkeys(pl_module.task.summary_metrics, 0.0)):
                     logger.experiment.file_writer.add_summary(summary)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -76,7 +75,7 @@ class RunSummary(Callback):
         lines = ["", "=" * 72, f"Run finished after {trainer.current_epoch} epochs "
                  f"({trainer.global_step} steps). Logs: {log_dir}"]
         lines += [f"  {key:<14} {float(metrics[key]):.4f}"
-                  for key in pl_module.summary_metrics if key in metrics]
+                  for key in pl_module.task.summary_metrics if key in metrics]
         best = monitored_checkpoint(trainer)
         if best is not None and best.best_model_path:
             lines.append(f"  best checkpoint ({best.monitor}={float(best.best_model_score):.4f}): "

@@ -56,13 +56,9 @@ def seeded_transform(transform: Callable[[torch.Tensor], torch.Tensor], image: t
     """``transform(image)`` with the random augmentation drawn from ``seed`` (None: as it is)."""
     if seed is None:
         return transform(image)
-    # the CPU generator only (torch.manual_seed also seeds each GPU's, far slower)
-    state = torch.get_rng_state()
-    torch.default_generator.manual_seed(seed)
-    try:
+    with torch.random.fork_rng(devices=[], device_type="cpu"):  # the CPU generator only: far faster
+        torch.default_generator.manual_seed(seed)  # than torch.manual_seed, which seeds each GPU's too
         return transform(image)
-    finally:
-        torch.set_rng_state(state)
 
 
 def bad_image_error(path: str, err: Exception) -> BadImageError:

@@ -125,14 +125,6 @@ class ImageClassifier(L.LightningModule):
             x = x.contiguous(memory_format=torch.channels_last)
         return self.net(x)
 
-    @property
-    def monitor(self) -> str:
-        return self.task.monitor
-
-    @property
-    def summary_metrics(self) -> list[str]:
-        return self.task.summary_metrics
-
     def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The task's ``model.loss`` (cross-entropy by default) with the class weights."""
         weight = self.class_weight if self.hparams.class_weights is not None else None
@@ -204,8 +196,8 @@ class ImageClassifier(L.LightningModule):
         if self.trainer.sanity_checking:
             return
         if metrics.stage == "val":
-            self.val_acc_best(values[self.monitor])
-            values[f"{self.monitor}_best"] = self.val_acc_best.compute()
+            self.val_acc_best(values[self.task.monitor])
+            values[f"{self.task.monitor}_best"] = self.val_acc_best.compute()
         self.results[metrics.stage] = {k: v.detach().cpu() for k, v in values.items()}
         self.log_dict({k: v for k, v in values.items() if v.dim() == 0}, sync_dist=True)
 
