@@ -95,10 +95,10 @@ def stratified_split(samples: list[Sample], fraction: float, seed: int,
 def multi_hot_split(samples: list[Sample], fraction: float, seed: int,
                     groups: list[int] | None = None) -> tuple[list[Sample], list[Sample]]:
     """The split of multi-hot labels (multi-label; multi-output as one-hot per column) by the draws
-    of :func:`stratified_split`, so editing other rows never moves an image: a unit goes aside when
-    its draw is below ``fraction``; then each label on two or more units that none drew aside
-    gives its lowest draw, and each label keeps its highest draw for training (a label on one
-    unit: that one). A label's share is the fraction on average, as a class's."""
+    of :func:`stratified_split`: a unit goes aside when its draw is below ``fraction``, so editing
+    other rows moves no image. Then a label on two or more units none of which drew aside gives
+    its lowest draw, and a label whose every unit is aside keeps its highest for training (only
+    these can move when rows change). A label's share is the fraction on average, as a class's."""
     groups = groups if groups is not None else list(range(len(samples)))
     members: dict[int, list[int]] = {}
     for i, g in enumerate(groups):
