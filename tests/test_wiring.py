@@ -220,3 +220,17 @@ def test_an_argument_the_parser_refuses_is_one_line_not_its_usage(arg, says, tmp
     err = capsys.readouterr().err
     assert one_error(err) == f"error: {says}; python -m project fit --help lists every key"
     assert len(err.splitlines()) == 1 and "usage:" not in err
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("data:\n  labls: x.csv\n", "no such key in the config: data.labls (did you mean data.labels?)"),
+    ("data:\n  batch_size: [\n", "is not YAML the parser can read (expected the node content"),
+    ("data:\n\tbatch_size: 3\n", "found character '\\t' that cannot start any token at line 2"),
+])
+def test_a_config_file_the_parser_refuses_is_one_line(text, says, tmp_path, capsys):
+    config = tmp_path / "mine.yaml"
+    config.write_text(text)
+    train = REPO / "configs" / "train.yaml"
+    assert cli(["fit", "--config", str(train), "--config", str(config)], tmp_path) == 2
+    err = capsys.readouterr().err
+    assert says in one_error(err) and len(err.splitlines()) == 1

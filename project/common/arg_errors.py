@@ -24,6 +24,9 @@ def one_line(message: str, keys: list[str], command: str) -> str:
     unknown = re.match(r"unrecognized arguments: (.*)", lines[0])
     if unknown:
         return unknown_arguments(unknown.group(1).split(), keys, hint)
+    in_config = re.search(r"does not accept option '([^']+)'", lines[0])  # a --config file's key
+    if in_config:
+        return unknown_arguments([f"--{in_config.group(1)}"], keys, hint, "in the config ", "")
     found = [(m.group(1), m.group(2), i) for i, line in enumerate(lines) if (m := PARSER_KEY.match(line))]
     if not found:
         return f"{lines[0]}; {hint}"
@@ -51,8 +54,10 @@ def one_line(message: str, keys: list[str], command: str) -> str:
     return f"{key}: {reason}; {hint}"
 
 
-def unknown_arguments(args: list[str], keys: list[str], hint: str) -> str:
-    """``--data.labls=x.csv``: no such key, and the nearest one the command takes."""
+def unknown_arguments(args: list[str], keys: list[str], hint: str, where: str = "",
+                      dashes: str = "--") -> str:
+    """``--data.labls=x.csv``: no such key, and the nearest one the command takes (``where``: a
+    config file's, written there without ``dashes``)."""
     named = [a for a in args if a.startswith("-")]
     if not named:
         return f"unexpected argument{'s' if len(args) > 1 else ''} {' '.join(args)}; {hint}"
@@ -61,5 +66,5 @@ def unknown_arguments(args: list[str], keys: list[str], hint: str) -> str:
     for arg in named:
         key = arg.lstrip("-").split("=", 1)[0]
         close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-        parts.append(f"--{key}" + (f" (did you mean --{close[0]}?)" if close else ""))
-    return f"no such key: {', '.join(parts)}; {hint}"
+        parts.append(f"{dashes}{key}" + (f" (did you mean {dashes}{close[0]}?)" if close else ""))
+    return f"no such key {where}: {', '.join(parts)}; {hint}".replace(" :", ":")

@@ -45,7 +45,14 @@ def check_renamed(argv: list[str]) -> None:
     configs += [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
     given = {a.split("=", 1)[0] for a in argv if a.startswith("--data.unlabeled.")}
     for config in configs:
-        text = yaml.safe_load(Path(config).read_text()) if Path(config).is_file() else None
+        try:
+            text = yaml.safe_load(Path(config).read_text()) if Path(config).is_file() else None
+        except (yaml.YAMLError, UnicodeDecodeError) as err:
+            where = getattr(err, "problem_mark", None)
+            line = f" at line {where.line + 1}" if where is not None else ""
+            problem = getattr(err, "problem", None) or type(err).__name__
+            raise ConfigError(f"--config {config} is not YAML the parser can read ({problem}{line}): fix "
+                              "the file (a missing ] or }, a tab for indentation, a stray colon)") from None
         if isinstance(text, dict):
             keys |= {f"{section}.{k}" for section, v in text.items() if isinstance(v, dict) for k in v}
             short = (text.get("data") or {}).get("unlabeled") if isinstance(text.get("data"), dict) else None
