@@ -26,7 +26,7 @@ def one_line(message: str, keys: list[str], command: str) -> str:
         return unknown_arguments(unknown.group(1).split(), keys, hint)
     in_config = re.search(r"does not accept option '([^']+)'", lines[0])  # a --config file's key
     if in_config:
-        return unknown_arguments([f"--{in_config.group(1)}"], keys, hint, "in the config ", "")
+        return unknown_arguments([f"--{in_config.group(1)}"], keys, hint, " in the config", "")
     found = [(m.group(1), m.group(2), i) for i, line in enumerate(lines) if (m := PARSER_KEY.match(line))]
     if not found:
         return f"{lines[0]}; {hint}"
@@ -67,4 +67,4 @@ def unknown_arguments(args: list[str], keys: list[str], hint: str, where: str = 
         key = arg.lstrip("-").split("=", 1)[0]
         close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
         parts.append(f"{dashes}{key}" + (f" (did you mean {dashes}{close[0]}?)" if close else ""))
-    return f"no such key {where}: {', '.join(parts)}; {hint}".replace(" :", ":")
+    return f"no such key{where}: {', '.join(parts)}; {hint}"

@@ -35,15 +35,19 @@ def content_groups(paths: list[str]) -> list[int]:
     return group
 
 
-def units_by_label(samples: list[Sample], groups: list[int] | None = None) -> dict[int, list[list[int]]]:
-    """Sample indices bundled into units (a file, or a group of identical files), per label (a
-    group goes with its first file's label), in order of first appearance."""
-    groups = groups if groups is not None else list(range(len(samples)))
+def units_of(count: int, groups: list[int] | None = None) -> list[list[int]]:
+    """Sample indices bundled into units (a file, or a group of identical files), in order of
+    first appearance."""
     units: dict[int, list[int]] = {}
-    for i, g in enumerate(groups):
+    for i, g in enumerate(groups if groups is not None else range(count)):
         units.setdefault(g, []).append(i)
+    return list(units.values())
+
+
+def units_by_label(samples: list[Sample], groups: list[int] | None = None) -> dict[int, list[list[int]]]:
+    """:func:`units_of` per label (a group goes with its first file's label)."""
     out: dict[int, list[list[int]]] = defaultdict(list)
-    for members in units.values():
+    for members in units_of(len(samples), groups):
         out[samples[members[0]].label].append(members)
     return dict(sorted(out.items()))
 
@@ -99,11 +103,7 @@ def multi_hot_split(samples: list[Sample], fraction: float, seed: int,
     other rows moves no image. Then a label on two or more units none of which drew aside gives
     its lowest draw, and a label whose every unit is aside keeps its highest for training (only
     these can move when rows change). A label's share is the fraction on average, as a class's."""
-    groups = groups if groups is not None else list(range(len(samples)))
-    members: dict[int, list[int]] = {}
-    for i, g in enumerate(groups):
-        members.setdefault(g, []).append(i)
-    units = list(members.values())
+    units = units_of(len(samples), groups)
     if not units:
         return [], []
     keys = file_keys([s.path for s in samples])

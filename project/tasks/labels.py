@@ -132,4 +132,4 @@ def split_labels(cell: str, several: bool, separator: str) -> list[str]:
 
 def blank(cell: str | None) -> bool:
     """An empty cell, or ``NaN`` (a data frame's missing value, written out as text): never a class."""
-    return not (cell or "").strip() or (cell or "").strip().lower() == "nan"
+    return (cell or "").strip().lower() in ("", "nan")
