@@ -139,6 +139,7 @@ def plant_copies(data: Path) -> list[tuple[str, str]]:
     return planted
 
 
+@pytest.mark.slow  # six scans of the data; the fast tier checks check-data with a network below
 def test_check_data_finds_resized_cropped_and_reencoded_copies_across_splits(data, trained_run, tmp_path,
                                                                            capsys):
     planted = plant_copies(data)
