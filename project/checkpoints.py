@@ -149,6 +149,17 @@ def check_checkpoint_classes(path: str | Path, class_names: list[str]) -> None:
                               f"has ({detail}). Use the data folder it was trained on, or start a new run.")
 
 
+def refuse_split_changes(data: Namespace, ckpt: str | Path) -> None:
+    """A drawn split follows its settings: continued or tested with others, a run would train on
+    its test images or score its training images. One line naming each, before any work."""
+    drawn = (read_checkpoint(ckpt, mmap=True).get("FolderDataModule") or {}).get("split") or {}
+    changed = [f"data.{k}={data.get(k)} (drawn with {v})" for k, v in drawn.items() if data.get(k) != v]
+    if changed:
+        raise CheckpointError(f"checkpoint '{ckpt}' was trained on a split drawn with other settings: "
+                              f"{'; '.join(changed)} would mix its training images into val/test; leave "
+                              "them as they were, or start a new run (model.weights=CKPT takes its weights)")
+
+
 def known_settings(stored: dict, cls: type, path: str | Path, what: str) -> dict:
     """The stored settings ``cls`` takes; the others are named in a notice (a setting that silently
     vanished misleads). Lightning's own keys (``_instantiator``) are left out without a word."""

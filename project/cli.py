@@ -107,6 +107,10 @@ class ProjectCLI(LightningCLI):
             from project.checkpoints import refuse_model_changes
 
             refuse_model_changes(self.asked_model, config.model, config.ckpt_path, self.given_model)
+        if config.get("ckpt_path"):  # resume, validate, test, evaluate: on the split it was trained on
+            from project.checkpoints import refuse_split_changes
+
+            refuse_split_changes(config.data, config.ckpt_path)
         trainer = config.trainer
         on_gpu = torch.cuda.is_available() and "cpu" not in str(trainer.get("accelerator") or "auto")
         if not on_gpu and str(trainer.get("precision")) in ("16-mixed", "16") and not cpu_has_bfloat16():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import shutil
 
 import pytest
 import torch
@@ -73,13 +74,16 @@ def test_a_run_keeps_its_settings_checkpoints_and_dashboards(trained_run):
 
 
 def test_resume_continues_the_run_and_its_loggers_in_the_same_folder(tiny_data, tmp_path, capsys):
-    """Two loggers (TensorBoard and CSV), AdamW, one epoch, then ``resume`` for a second."""
+    """Two loggers (TensorBoard and CSV), AdamW, one epoch on one folder (the split is drawn), then
+    ``resume`` for a second, given the run by its absolute path (the checkpoint stored it relative)."""
+    flat = shutil.copytree(tiny_data / "train", tmp_path / "flat")
     loggers = ('--trainer.logger=[{"class_path": "project.callbacks.dashboards.TensorBoard", '
                '"init_args": {"save_dir": "logs", "name": "two"}}, {"class_path": '
                '"lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "logs", "name": "two"}}]')
     adamw = "--model.optimizer=torch.optim.AdamW"
-    assert cli(["fit", *fit_args(tiny_data, *QUICK, loggers, adamw, epochs=1)], tmp_path) == 0
+    assert cli(["fit", *fit_args(flat, *QUICK, loggers, adamw, epochs=1)], tmp_path) == 0
     run = tmp_path / "logs" / "two" / "version_0"
+    config = (run / "config.yaml").read_text()
     assert {"metrics.csv", "config.yaml", "hparams.yaml", "checkpoints"} <= {p.name for p in run.iterdir()}
     steps = torch.load(run / "checkpoints/last.ckpt", weights_only=True)["global_step"]
     # the checkpoint's model, optimiser and schedule continue: other settings are refused, not dropped
@@ -87,8 +91,20 @@ def test_resume_continues_the_run_and_its_loggers_in_the_same_folder(tiny_data, 
         assert cli(["resume", change, "--trainer.max_epochs=2"], tmp_path) == 2
         error = one_error(capsys.readouterr().err)
         assert f"{change[2:]} (it has " in error and "would be ignored" in error
+    for change in ("--data.split_seed=5", "--data.val_fraction=0.3", "--data.test_fraction=0.2"):
+        assert cli(["resume", change, "--trainer.max_epochs=2"], tmp_path) == 2  # would mix the splits
+        error = one_error(capsys.readouterr().err)
+        assert f"{change[2:]} (drawn with " in error and "would mix its training images" in error
     assert sorted(p.name for p in run.glob("metrics*.csv")) == ["metrics.csv"]  # nothing moved
-    assert cli(["resume", "--trainer.max_epochs=2"], tmp_path) == 0
+    assert (run / "config.yaml").read_text() == config
+    best = sorted(run.glob("checkpoints/best-*.ckpt"))
+    assert cli(["resume", str(run.resolve()), "--trainer.max_epochs=2"], tmp_path) == 0
+    now = sorted(run.glob("checkpoints/best-*.ckpt"))  # the best so far was remembered: one best file
+
+    def acc(path) -> float:
+        return float(path.stem.rsplit("acc", 1)[1])
+
+    assert len(best) == len(now) == 1 and (now == best or acc(now[0]) > acc(best[0]))
     assert sorted(p.name for p in (tmp_path / "logs" / "two").iterdir()) == ["version_0"]
     ckpt = torch.load(run / "checkpoints/last.ckpt", weights_only=True)
     assert ckpt["epoch"] == 1 and ckpt["global_step"] == 2 * steps

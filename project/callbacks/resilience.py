@@ -42,10 +42,11 @@ class Resilience(Callback):
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
                            checkpoint: dict[str, Any]) -> None:
-        if checkpoint.get(self.key):  # a resumed run
-            from project.callbacks.recovery import restore_rng_states
+        from project.callbacks.recovery import follow_moved_run, restore_rng_states
 
+        if checkpoint.get(self.key):  # a resumed run
             restore_rng_states(checkpoint[self.key])
+        follow_moved_run(trainer, checkpoint)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule,
                      exception: BaseException) -> None:

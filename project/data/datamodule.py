@@ -190,6 +190,10 @@ class FolderDataModule(L.LightningDataModule):
         if self.extra_val_names or stage in (None, "fit") and self.unlabeled_samples:
             self.rare.setup(stage or "fit")
 
+    def state_dict(self) -> dict:
+        """In every checkpoint: the settings its split was drawn with (checkpoints.refuse_split_changes)."""
+        return {"split": {} if self.streaming else self.splits.drawn}
+
     def make_dataset(self, split: str) -> ImageDataset:
         if self.streaming:
             return self.streamed.dataset(split)

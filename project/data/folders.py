@@ -143,12 +143,13 @@ def discover(data_dir: str | Path, val_fraction: float = 0.15, test_fraction: fl
     held = {name: scan_split(folder, classes, left_out) for name, folder in split_dirs.items()}
     if base != root and "val" in held:  # the folders as they are
         return FolderSplits(classes, train, held["val"], held.get("test", []), left_out=dict(left_out))
-    from project.data.splits import split_off
+    from project.data.splits import drawn_with, split_off
 
     # one folder, or train/ without val/: test (unless a test/ folder holds it), then val split off
     test = held.get("test")
     splits = split_off(train, test, val_fraction, test_fraction, seed, base)
-    return FolderSplits(classes, *splits, left_out=dict(left_out))
+    return FolderSplits(classes, *splits, left_out=dict(left_out),
+                        drawn=drawn_with(val_fraction, test_fraction, seed, test is not None))
 
 
 def empty_split_fix(data_dir: str, split: str, fraction: float = 0.0) -> str:

@@ -17,3 +17,4 @@ class FolderSplits:
     test: list[Sample]
     task: str | None = None  # the task the labels describe (project/tasks/); None: class folders' default
     left_out: dict[str, int] = field(default_factory=dict)  # class folders' non-image files: {ext: count}
+    drawn: dict = field(default_factory=dict)  # the settings a drawn split came from ({}: the data's own)

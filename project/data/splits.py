@@ -134,6 +134,13 @@ def stratified_folds(samples: list[Sample], folds: int, seed: int = 0) -> list[i
     return fold_of
 
 
+def drawn_with(val_fraction: float, test_fraction: float, seed: int, test_given: bool) -> dict:
+    """The settings that put each image in its drawn split: a checkpoint keeps them, and a command
+    that would continue or test it with others (so with its training images) is refused."""
+    return {"val_fraction": val_fraction, "split_seed": seed,
+            **({} if test_given else {"test_fraction": test_fraction})}
+
+
 def split_off(train: list[Sample], test: list[Sample] | None, val_fraction: float, test_fraction: float,
               seed: int, folder: Path, splitter=None) -> tuple[list[Sample], list[Sample], list[Sample]]:
     """(train, val, test): ``test`` (when None) and then val split off ``train``, stratified by

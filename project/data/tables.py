@@ -16,6 +16,7 @@ from pathlib import Path
 
 from project import tasks
 from project.data.folders import DataFolderError, FolderSplits, Sample, check_fractions, split_of
+from project.data.splits import drawn_with
 from project.tasks.labels import Labels, Row
 
 log = logging.getLogger(__name__)
@@ -253,4 +254,5 @@ def discover_table(labels: str | Path, data_dir: str | Path, task: str = "auto",
         return FolderSplits(names, train, by_split["val"], by_split["test"], table.task)
     test = by_split["test"] if by_split["test"] or by_split["train"] else None
     split = reader.split(train, test, val_fraction, test_fraction, seed, Path(data_dir))
-    return FolderSplits(names, *split, table.task)
+    return FolderSplits(names, *split, table.task, drawn=drawn_with(val_fraction, test_fraction, seed,
+                                                                   test is not None))
