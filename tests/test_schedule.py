@@ -82,7 +82,7 @@ def test_an_epoch_is_counted_in_optimiser_steps_under_gradient_accumulation():
     from types import SimpleNamespace
 
     trainer = SimpleNamespace(max_epochs=4, max_steps=-1, estimated_stepping_batches=20,
-                              num_training_batches=10, accumulate_grad_batches=2)
+                              num_training_batches=10, accumulate_grad_batches=2, global_step=0, current_epoch=0)
     assert run_lengths(trainer) == {"total_steps": 20, "steps_per_epoch": 5, "epochs": 4}
 
 
@@ -143,3 +143,23 @@ def test_cosine_interval_epoch_holds_the_lr_through_each_epoch(tiny_data, tmp_pa
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     with pytest.raises(ConfigError, match="model.scheduler.cosine_interval"):
         WarmupCosine(opt, cosine_interval="epochs", total_steps=10, steps_per_epoch=5)
+
+
+@pytest.mark.parametrize(("done", "epochs", "batches", "total"), [
+    (0, 0, 10, 40),  # a new run: Lightning's estimate, max_epochs x today's epoch
+    (20, 2, 10, 40),  # resumed at an epoch's end, epochs as long as before: the same
+    (25, 2, 10, 40),  # resumed mid-epoch (a stop), as long as before: the same, so resumes stay exact
+    (20, 2, 5, 30),  # resumed with a batch twice as large: 20 done + 2 epochs of 5, not 4 x 5 (LR 0)
+    (20, 2, 20, 60),  # with half the batch: 20 done + 2 epochs of 20, not 4 x 20
+])
+def test_a_resume_with_epochs_of_another_length_schedules_the_steps_it_will_take(done, epochs, batches, total):
+    from types import SimpleNamespace
+
+    from project.model.schedule import run_lengths
+
+    trainer = SimpleNamespace(max_epochs=4, max_steps=-1, estimated_stepping_batches=4 * batches,
+                              num_training_batches=batches, accumulate_grad_batches=1, global_step=done,
+                              current_epoch=epochs)
+    assert run_lengths(trainer)["total_steps"] == total
+    capped = {**vars(trainer), "max_steps": 25, "estimated_stepping_batches": min(25, 4 * batches)}
+    assert run_lengths(SimpleNamespace(**capped))["total_steps"] == min(total, 25)

@@ -90,6 +90,13 @@ def run_lengths(trainer: L.Trainer) -> dict[str, int]:
     total = max(1, int(trainer.estimated_stepping_batches))
     batches = trainer.num_training_batches  # inf when only max_steps bounds the run
     per_epoch = math.ceil(batches / trainer.accumulate_grad_batches) if math.isfinite(batches) else total
+    done, epochs = trainer.global_step, trainer.current_epoch
+    if math.isfinite(batches) and trainer.max_epochs not in (None, -1) and not (
+            0 <= done - epochs * per_epoch < per_epoch):  # resumed with epochs of another length
+        # (a larger batch, images removed): Lightning counts every epoch at today's length and
+        # would end the schedule early, at LR 0; the steps done and the epochs left instead
+        total = done + (trainer.max_epochs - epochs) * per_epoch
+        total = total if trainer.max_steps == -1 else min(total, trainer.max_steps)
     return {"total_steps": total, "steps_per_epoch": max(1, per_epoch),
             "epochs": max(1, math.ceil(total / max(1, per_epoch)))}
 
