@@ -467,3 +467,20 @@ def test_the_abstain_threshold_reaches_the_target_on_the_answered_images():
     assert tied["curve"][-1] == {"coverage": 1.0, "accuracy": pytest.approx(4 / 6), "min_confidence": 1.0}
     assert tied["at_target"] is None  # a threshold of 1.0 answers all six, not the first three
 
+
+
+def test_a_new_temperature_names_the_export_that_still_carries_the_old_one(tmp_path, monkeypatch, caplog):
+    """fit, export, then evaluate (which fits a temperature): the ONNX file's confidences are the
+    old ones until it is exported again, and the temperature's writer says so."""
+    monkeypatch.chdir(tmp_path)
+    ckpt = tmp_path / "logs/run/version_0/checkpoints/best.ckpt"
+    ckpt.parent.mkdir(parents=True)
+    ckpt.write_bytes(b"weights")
+    report = tmp_path / "exports/run/version_0/export_report.json"
+    report.parent.mkdir(parents=True)
+    report.write_text(json.dumps({"checkpoint": str(ckpt), "answers": {"temperature": 1.0}}))
+    write_temperature(ckpt, {"temperature": 1.0})
+    assert "exported with temperature" not in caplog.text  # the export's own: nothing to say
+    write_temperature(ckpt, {"temperature": 1.7})
+    assert f"{Path('exports/run/version_0')} was exported with temperature 1.0000, not 1.7000" in caplog.text
+    assert f"export --ckpt_path {ckpt}` again" in caplog.text

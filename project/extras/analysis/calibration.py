@@ -152,6 +152,24 @@ def write_temperature(ckpt_path: Path, numbers: dict) -> None:
     record = {k: v if type(v) is int else float(v) for k, v in numbers.items()}  # images stays a count
     record.update(checkpoint=Path(ckpt_path).name, checkpoint_sha256=file_sha256(ckpt_path))
     write_text(calibration_path(ckpt_path), json.dumps(record, indent=2) + "\n")
+    notice_stale_exports(Path(ckpt_path), record["temperature"])
+
+
+def notice_stale_exports(ckpt_path: Path, temperature: float) -> None:
+    """An export of this checkpoint made before this temperature carries the old one in its ONNX
+    metadata: infer.py and serve --onnx would answer other confidences than predict from now on."""
+    from project.extras.deploy.export import default_out_dir
+
+    report = default_out_dir(ckpt_path) / "export_report.json"
+    try:
+        made = json.loads(report.read_text(encoding="utf-8"))
+        source, exported = Path(made["checkpoint"]), float(made["answers"].get("temperature", 1.0))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # none, or not the project's
+        return
+    if source.resolve() == ckpt_path.resolve() and abs(exported - temperature) > 1e-6:
+        log.warning("Notice: %s was exported with temperature %.4f, not %.4f: its confidences (infer.py, "
+                    "serve --onnx, --min_confidence) differ from predict's until you run `python -m project "
+                    "export --ckpt_path %s` again", report.parent, exported, temperature, ckpt_path)
 
 
 def format_numbers(numbers: dict) -> str:
