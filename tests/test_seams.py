@@ -218,6 +218,7 @@ def test_the_answer_policy_travels_in_the_checkpoint_and_the_onnx_file(trained_r
     onnx_model = OnnxClassifier(tmp_path / "export" / "model.onnx")
     assert all(r["unsure"] for r in classify(onnx_model, paths))
     assert onnx_model.preprocessing.interpolation == "bicubic"  # infer.py and serve --onnx resize as it
+    _run_the_docs_onnx_example(tmp_path / "export" / "model.onnx", paths[0], onnx_model.class_names)
     with pytest.raises(ConfigError, match="model.min_confidence: .*'cow' is not a class"):
         ImageClassifier(num_classes=5, weights=None, input=32, min_confidence="cow=0.5")
 
@@ -266,3 +267,20 @@ def test_deleting_every_task_folder_but_the_default_leaves_the_default_path_work
     assert (tmp_path / "out/export/model.onnx").is_file() and (tmp_path / "out/preds.csv").is_file()
     left = sorted(p.name for p in (copy / "project/tasks").iterdir() if p.is_dir() and p.name[0] != "_")
     assert left == [Path(TASKS[next(iter(TASKS))].split(":")[0].replace(".", "/")).parent.name]
+
+
+def _run_the_docs_onnx_example(onnx_file: Path, image: str, class_names: list[str]) -> None:
+    """docs/deployment.md's Python example of OnnxClassifier, as written, on a real export."""
+    import contextlib
+    import io
+    import re
+
+    from tests.conftest import REPO
+
+    text = (REPO / "docs" / "deployment.md").read_text()
+    example = r"```python\n(from project.extras.deploy.infer import OnnxClassifier\n.*?)```"
+    code = re.search(example, text, re.S)[1]
+    code = code.replace('"model.onnx"', repr(str(onnx_file))).replace('"photo.jpg"', repr(image))
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        exec(code, {})
+    assert printed.getvalue().strip() in class_names
