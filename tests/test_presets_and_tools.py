@@ -177,3 +177,15 @@ def test_sigkill_at_random_moments_always_leaves_a_loadable_checkpoint(tiny_data
         written = last.stat().st_mtime
     assert cli(["resume"], tmp_path) == 0
     assert torch.load(next(tmp_path.glob("logs/*/*/checkpoints/last.ckpt")), weights_only=True)["epoch"] == 5
+
+
+def test_a_preset_that_replaces_the_callbacks_keeps_the_ones_every_run_needs():
+    """A preset's ``callbacks:`` replaces train.yaml's list; one without the guards and resilience
+    would make the CLI add them with a notice meant for a user's wrong config."""
+    from project.cli import REQUIRED_CALLBACKS
+
+    for preset in PRESETS:
+        callbacks = (yaml.safe_load(preset.read_text()).get("trainer") or {}).get("callbacks")
+        if callbacks is not None:
+            present = {c.get("class_path") for c in callbacks}
+            assert set(REQUIRED_CALLBACKS) <= present, (preset.name, set(REQUIRED_CALLBACKS) - present)

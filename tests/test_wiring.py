@@ -43,6 +43,11 @@ def test_every_command_answers_help_with_its_usage(name, capsys, tmp_path):
         main([name, "--help"])
     out = capsys.readouterr().out
     assert exit_.value.code == 0 and f"usage: python -m project {name}" in out, out
+    if name in TAKES_FIT_OVERRIDES:  # passed on to the run's config: the help says they exist
+        assert "--key=value" in out, out
+
+
+TAKES_FIT_OVERRIDES = ("evaluate", "resume", "overfit", "lr-find", "find-batch-size", "suspects")
 
 
 def test_the_top_level_help_lists_every_command_and_lightnings(capsys):

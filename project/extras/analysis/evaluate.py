@@ -51,7 +51,11 @@ def count_test_images(dm) -> int:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m project evaluate", description=__doc__.split("\n")[2])
+    p = argparse.ArgumentParser(
+        prog="python -m project evaluate", usage="%(prog)s [CKPT|RUN_DIR|best|last] [--tta none|hflip] "
+        "[--top N] [--target_acc P] [--key=value ...]",
+        description="Test a checkpoint with its run's own config (--key=value overrides it, e.g. "
+                    "--trainer.accelerator=cpu) and write report.md, mistakes.csv and plots beside it.")
     p.add_argument("checkpoint", nargs="?", default=None, help="a .ckpt, a run folder, best or last")
     p.add_argument("--tta", default="none", choices=("none", "hflip"),
                    help="hflip: also report the mean of each image's and its mirror's probabilities")

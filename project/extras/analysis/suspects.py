@@ -132,7 +132,11 @@ def write_suspects(rows: list[dict], out: Path, pre, top: int, how: str = "out o
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m project suspects",
                                 description="Rank training images by how strongly out-of-fold "
-                                            "models disagree with their label")
+                                            "models disagree with their label",
+                                epilog="embeddings: the network is --ckpt_path CKPT|RUN|best|last "
+                                       "(default: the newest run's best) or --config FILE (its pretrained "
+                                       "backbone), the data --data_dir DIR; refit: --config FILE and "
+                                       "--key=value, as for fit")
     p.add_argument("--method", choices=("embeddings", "refit"), default="embeddings",
                    help="embeddings: a linear model on the cached embeddings, per fold (seconds); "
                         "refit: K fine-tunes with the config's recipe (the costly, stronger check)")

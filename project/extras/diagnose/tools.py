@@ -37,6 +37,10 @@ def split_configs(args: list[str]) -> tuple[list[str], list[str]]:
     return configs or ["--config", DEFAULT_CONFIG], rest
 
 
+FIT_ARGS = ("Other arguments are fit's: --config FILE (default configs/train.yaml) and --key=value "
+            "overrides; no run folder is written")
+
+
 def build(tool_args: list[str], overrides: list[str]):
     """Model, data module and trainer from the config, the tool's settings and the user's
     overrides (in that order), without running anything."""
@@ -79,7 +83,7 @@ def overfit_causes(model: L.LightningModule) -> list[str]:
 
 
 def overfit(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m project overfit",
+    p = argparse.ArgumentParser(prog="python -m project overfit", epilog=FIT_ARGS,
                                 description="Can the model fit one batch? (the single-batch check)")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--target", type=float, default=0.1,
@@ -111,7 +115,7 @@ def run_overfit(trainer: L.Trainer, model: L.LightningModule, datamodule, target
 
 
 def lr_find(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m project lr-find",
+    p = argparse.ArgumentParser(prog="python -m project lr-find", epilog=FIT_ARGS,
                                 description="Lightning's learning-rate range test")
     p.add_argument("--output", default="logs/lr_find.png")
     p.add_argument("--min_lr", type=float, default=1e-6)
@@ -162,7 +166,7 @@ def fit_command(overrides: list[str], setting: str) -> str:
 
 
 def find_batch_size(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m project find-batch-size",
+    p = argparse.ArgumentParser(prog="python -m project find-batch-size", epilog=FIT_ARGS,
                                 description="Lightning's batch size finder (for out-of-memory)")
     p.add_argument("--mode", default="power", choices=("power", "binsearch"))
     p.add_argument("--max_trials", type=int, default=6)
