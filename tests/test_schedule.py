@@ -82,7 +82,8 @@ def test_an_epoch_is_counted_in_optimiser_steps_under_gradient_accumulation():
     from types import SimpleNamespace
 
     trainer = SimpleNamespace(max_epochs=4, max_steps=-1, estimated_stepping_batches=20,
-                              num_training_batches=10, accumulate_grad_batches=2, global_step=0, current_epoch=0)
+                              num_training_batches=10, accumulate_grad_batches=2, global_step=0,
+                              current_epoch=0)
     assert run_lengths(trainer) == {"total_steps": 20, "steps_per_epoch": 5, "epochs": 4}
 
 
@@ -152,7 +153,7 @@ def test_cosine_interval_epoch_holds_the_lr_through_each_epoch(tiny_data, tmp_pa
     (20, 2, 5, 30),  # resumed with a batch twice as large: 20 done + 2 epochs of 5, not 4 x 5 (LR 0)
     (20, 2, 20, 60),  # with half the batch: 20 done + 2 epochs of 20, not 4 x 20
 ])
-def test_a_resume_with_epochs_of_another_length_schedules_the_steps_it_will_take(done, epochs, batches, total):
+def test_a_resume_with_epochs_of_another_length_schedules_the_steps_it_takes(done, epochs, batches, total):
     from types import SimpleNamespace
 
     from project.model.schedule import run_lengths

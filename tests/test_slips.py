@@ -150,3 +150,13 @@ def test_a_callback_list_that_replaced_the_checkpoints_is_named_at_the_start(tin
     built = ProjectCLI(args=fit_args(tiny_data, *QUICK, epochs=1), run=False)
     project.cli.notice_missing_checkpoints(built.trainer, "val/acc")  # train.yaml's own list: no notice
     assert "no checkpoint callback" not in caplog.text
+
+
+def test_a_misspelt_weights_name_lists_each_choice_once():
+    from project.model import backbones
+    from project.model.sources import WeightsError
+
+    with pytest.raises(WeightsError, match="one of: ") as refused:
+        backbones.build("resnet18", "DEFALT", 5)
+    choices = str(refused.value).rsplit("one of: ", 1)[1].split(", ")
+    assert choices[0] == "DEFAULT" and "IMAGENET1K_V1" in choices and len(choices) == len(set(choices))

@@ -39,6 +39,6 @@ def unknown_backbone(name: str, known: list[str]) -> WeightsError:
 
 
 def unknown_weights(name: str, weights: str | None, enum) -> WeightsError:
-    choices = ", ".join(["DEFAULT", *enum.__members__])
+    choices = ", ".join(dict.fromkeys(["DEFAULT", *enum.__members__]))  # DEFAULT is a member (an alias) too
     return WeightsError(f"model.weights '{weights}' is neither a file nor a weights name of "
                         f"{name}; use a path to a .pth file, null, or one of: {choices}")
