@@ -125,7 +125,8 @@ class ProjectCLI(LightningCLI):
         if self.run_dir is not None or isinstance(trainer.get("logger"), list):
             from project.runs import place_loggers  # one run folder for every logger
 
-            place_loggers(trainer, self.run_dir)
+            new_run = self.subcommand == "fit" and not config.get("ckpt_path")
+            place_loggers(trainer, self.run_dir, new_run)
         callbacks = list(trainer.get("callbacks") or [])
         present = {getattr(c, "class_path", "") for c in callbacks}
         missing = [path for path in REQUIRED_CALLBACKS if path not in present]

@@ -9,7 +9,7 @@ from pathlib import Path
 from jsonargparse import Namespace
 
 from project.common.argv import pop_option
-from project.errors import ProjectError
+from project.errors import ConfigError, ProjectError
 
 LOG_ROOT = Path("logs")
 log = logging.getLogger("project")
@@ -104,10 +104,14 @@ def resolve_ckpt_alias(argv: list[str]) -> list[str]:
     return rest + ([f"--ckpt_path={ckpt}"] if ckpt else [])
 
 
-def place_loggers(trainer: Namespace, run_dir: Path | None) -> None:
+def place_loggers(trainer: Namespace, run_dir: Path | None, new_run: bool = False) -> None:
     """Every logger writes to one run folder: ``run_dir`` (resume, evaluate, a sweep trial) or,
     for a new run with several loggers, the first one's next ``version_N``. A single logger of a
-    new run is left to Lightning."""
+    new run is left to Lightning. A new run is not put where another's checkpoints are."""
+    if new_run and run_dir is not None and checkpoints(run_dir):
+        raise ConfigError(f"--run_dir '{run_dir}' holds another run's checkpoints: a new run there would mix "
+                          f"its checkpoints and config with that one's; resume it (python -m project resume "
+                          f"{run_dir}) or give a new folder")
     items = trainer.get("logger")
     items = items if isinstance(items, list) else [items]
     placeable = [lg for lg in items if isinstance(lg, Namespace)

@@ -238,3 +238,14 @@ def test_confused_pairs_share_is_of_the_true_class():
     pairs = confused_pairs(torch.tensor([[8, 2, 0], [0, 0, 0], [3, 0, 1]]), ["a", "b", "c"])
     assert [(p["true"], p["predicted"], p["count"]) for p in pairs] == [("c", "a", 3), ("a", "b", 2)]
     assert [p["share_of_true"] for p in pairs] == [0.75, 0.2]  # 3 of c's 4 images; 2 of a's 10
+
+
+def test_a_new_run_is_not_put_in_a_folder_with_another_run_s_checkpoints(tiny_data, tmp_path, capsys):
+    """``fit --run_dir RUN`` of a run that trained: its best, config and last.ckpt would be mixed
+    with the new run's; refused before any work, naming resume."""
+    run = tmp_path / "old"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "best-epoch01-acc0.5000.ckpt").write_bytes(b"a checkpoint")
+    assert cli(["fit", *fit_args(tiny_data), "--run_dir", str(run)], tmp_path) == 2
+    assert "holds another run's checkpoints" in one_error(capsys.readouterr().err)
+    assert sorted(p.name for p in run.rglob("*")) == ["best-epoch01-acc0.5000.ckpt", "checkpoints"]
