@@ -484,3 +484,12 @@ def test_a_new_temperature_names_the_export_that_still_carries_the_old_one(tmp_p
     write_temperature(ckpt, {"temperature": 1.7})
     assert f"{Path('exports/run/version_0')} was exported with temperature 1.0000, not 1.7000" in caplog.text
     assert f"export --ckpt_path {ckpt}` again" in caplog.text
+
+
+@pytest.mark.parametrize("given", [["--trainer.accelerator", "cpu"], ["--config", "mine.yaml"]])
+def test_evaluate_takes_a_setting_s_value_after_a_space_as_the_setting_s(given, tmp_path, capsys):
+    """``evaluate --config mine.yaml``: the value is the setting's, not the checkpoint to evaluate
+    (here no run exists, and that is what the one line says)."""
+    assert cli(["evaluate", *given], tmp_path) == 2
+    error = one_error(capsys.readouterr().err)
+    assert "no run with checkpoints under 'logs/'" in error and given[1] not in error

@@ -20,6 +20,19 @@ def pop_option(argv: list[str], name: str) -> tuple[list[str], str | None]:
     return rest, getattr(found, name.lstrip("-"))
 
 
+def glue_values(argv: list[str], own: set[str]) -> list[str]:
+    """``--key VALUE`` as ``--key=VALUE`` for every option but the command's ``own``: a value of a
+    run's setting is not taken for the command's positional argument (a checkpoint)."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and out[-1] not in own \
+                and not arg.startswith("-"):
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
 def expand_shorthands(argv: list[str]) -> list[str]:
     """``--data.unlabeled=DIR`` as ``--data.unlabeled.images=DIR``: jsonargparse replaces the
     one-word form with the group's defaults when a ``--data.unlabeled.*`` comes with it."""

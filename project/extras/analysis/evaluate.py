@@ -18,7 +18,7 @@ from pathlib import Path
 
 from project.checkpoints import apply_calibration, check_trained_data_dir, checkpoint_task, read_checkpoint
 from project.cli import ProjectCLI
-from project.common.argv import pop_option
+from project.common.argv import glue_values, pop_option
 from project.common.files import write_text
 from project.errors import ProjectError
 from project.extras.analysis.calibration import ensure_temperature
@@ -62,7 +62,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--top", type=int, default=24, help="images in top_losses.png")
     p.add_argument("--target_acc", type=float, default=0.99,
                    help="the accuracy on answered images that the abstain threshold reaches")
-    a, overrides = p.parse_known_args(argv)
+    a, overrides = p.parse_known_args(glue_values(argv, {"--tta", "--top", "--target_acc", "--help"}))
     ckpt = resolve_checkpoint(a.checkpoint).resolve()  # from inside checkpoints/, or a link: the file's place
     run = ckpt.parent.parent
     trained = read_checkpoint(ckpt, mmap=True).get("datamodule_hyper_parameters") or {}
