@@ -253,6 +253,11 @@ def test_a_moved_data_folder_is_named_with_the_option_that_points_at_it(trained_
         assert cli(command, tmp_path) == 2
         error = one_error(capsys.readouterr().err)
         assert "moved_away', which is not there now" in error and option in error
+    # export works without the images, and says what it could not check and how to give them
+    assert cli(["export", "--ckpt_path", str(ckpt), "--formats", "torchscript", "--out", str(tmp_path / "e"),
+                "--repeats", "1"], tmp_path) == 0
+    notice = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("Notice: no acc"))
+    assert "moved_away', which is not there now" in notice and "--data_dir NEW_FOLDER" in notice
 
 
 def _resized_test_images(tiny_data: Path, folder: Path, side: int) -> Path:

@@ -129,6 +129,7 @@ def export_checkpoint(ckpt_path: Path, out: Path, formats: list[str], data_dir: 
         if "int8" in formats:
             raise ProjectError(f"INT8 calibration needs the training images ({err}): pass "
                                "--data_dir DIR") from err
+        print(f"Notice: no accuracies, and infer.py's image preparation is not checked on real images: {err}")
         dm = splits = None
     if dm is not None:  # accuracies against other classes' labels would read as a broken export
         check_checkpoint_classes(ckpt_path, dm.class_names)
