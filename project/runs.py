@@ -68,6 +68,16 @@ def newest_checkpoint(run: Path) -> Path:
         return saved[-1]
 
 
+def default_out_dir(ckpt: Path) -> Path:
+    """Where export writes a checkpoint's files: exports/<run folder relative to logs/>, e.g.
+    exports/demo/version_0."""
+    run = ckpt.parent.parent
+    try:
+        return Path("exports") / run.resolve().relative_to(LOG_ROOT.resolve())
+    except ValueError:
+        return Path("exports") / ckpt.stem
+
+
 def best_checkpoint(run: Path) -> Path:
     """The checkpoint kept for the best monitored metric (``best-*.ckpt``), else ``last.ckpt``."""
     best = sorted(checkpoints(run, "best-*.ckpt"), key=lambda p: p.stat().st_mtime)

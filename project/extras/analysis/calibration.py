@@ -40,6 +40,7 @@ from project.common.files import write_text
 from project.common.options import device, positive_int
 from project.errors import ProjectError
 from project.extras.analysis.predictions import calibrated_probabilities, predict_dataset
+from project.runs import default_out_dir
 
 log = logging.getLogger("project")
 # A fitted T outside this range means the validation set cannot tell: every image right with a
@@ -158,8 +159,6 @@ def write_temperature(ckpt_path: Path, numbers: dict) -> None:
 def notice_stale_exports(ckpt_path: Path, temperature: float) -> None:
     """An export of this checkpoint made before this temperature carries the old one in its ONNX
     metadata: infer.py and serve --onnx would answer other confidences than predict from now on."""
-    from project.extras.deploy.export import default_out_dir
-
     report = default_out_dir(ckpt_path) / "export_report.json"
     try:
         made = json.loads(report.read_text(encoding="utf-8"))

@@ -27,20 +27,11 @@ from project.common.files import write_text
 from project.data.datasets import ImageDataset, collate_skipping_bad
 from project.errors import ProjectError, require
 from project.extras.deploy import exporters
-from project.runs import LOG_ROOT, resolve_checkpoint
+from project.runs import default_out_dir, resolve_checkpoint
 
 FORMATS = ("onnx", "int8", "torchscript", "pt2")
 FILES = {"onnx": "model.onnx", "int8": "model.int8.onnx", "torchscript": "model.torchscript.pt",
          "pt2": "model.pt2"}
-
-
-def default_out_dir(ckpt: Path) -> Path:
-    """exports/<run folder relative to logs/>, e.g. exports/demo/version_0."""
-    run = ckpt.parent.parent
-    try:
-        return Path("exports") / run.resolve().relative_to(LOG_ROOT.resolve())
-    except ValueError:
-        return Path("exports") / ckpt.stem
 
 
 def eval_dataset(dm, samples: list) -> ImageDataset:
